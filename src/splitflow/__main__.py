@@ -1,0 +1,5 @@
+import sys
+
+from splitflow.cli import main
+
+sys.exit(main())

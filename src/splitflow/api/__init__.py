@@ -1,0 +1,60 @@
+"""What connector authors implement and use. No engine (pyspark) import in this layer."""
+
+from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
+from splitflow.api.assignment import (
+    AssignmentStrategy,
+    BalancedAssignment,
+    HashAssignment,
+    RoundRobinAssignment,
+)
+from splitflow.api.enumerator import (
+    Cancellable,
+    MetricGroup,
+    ReaderInfo,
+    SplitEnumerator,
+    SplitEnumeratorContext,
+    SplitExtent,
+)
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.reader import InputStatus, ReaderOutput, SourceReader, SourceReaderContext
+from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
+from splitflow.api.split import (
+    Codec,
+    DataclassCodec,
+    JsonDict,
+    SourceSplit,
+    SplitState,
+    with_position,
+)
+
+__all__ = [
+    "AssignerState",
+    "AssignerStateCodec",
+    "AssigningSplitEnumerator",
+    "AssignmentStrategy",
+    "BalancedAssignment",
+    "Boundedness",
+    "Cancellable",
+    "Codec",
+    "DataclassCodec",
+    "HashAssignment",
+    "InputStatus",
+    "JsonDict",
+    "MetricGroup",
+    "ReaderInfo",
+    "ReaderOutput",
+    "RoundRobinAssignment",
+    "Source",
+    "SourceEvent",
+    "SourceReader",
+    "SourceReaderContext",
+    "SourceSplit",
+    "SplitEnumerator",
+    "SplitEnumeratorContext",
+    "SplitExtent",
+    "SplitState",
+    "SplitsFinishedEvent",
+    "SplitsRemovedEvent",
+    "SupportsSplitReassignmentOnRecovery",
+    "with_position",
+]

@@ -1,0 +1,326 @@
+"""A ready split enumerator: discovery, balanced assignment, FLIP-537 recovery, snapshots.
+
+A connector subclasses :class:`AssigningSplitEnumerator`, implements
+:meth:`~AssigningSplitEnumerator.discover_splits` (and, for Spark,
+:meth:`~splitflow.api.enumerator.SplitEnumerator.latest_positions`), and gets:
+
+* periodic or one-off discovery on the worker pool, new splits assigned as they appear;
+* assignment through a pluggable :class:`~splitflow.api.assignment.AssignmentStrategy`,
+  balanced least-loaded by default, only once every reader has registered, so the first
+  reader to register does not get everything;
+* the enumerator as the single source of truth for ownership, with the three split origins
+  of FLIP-537 told apart (see :class:`~splitflow.api.source.SupportsSplitReassignmentOnRecovery`)
+  and a redistribution over all readers after a global restore or a change of parallelism;
+* snapshots that hold every split the enumerator owns, with its position, and only the ids
+  of splits readers own (their positions live in the readers' state);
+* splits that vanish from discovery removed and their owners told
+  (:class:`~splitflow.api.events.SplitsRemovedEvent`), via an overridable hook;
+* ``signal_no_more_splits`` once everything is assigned, when discovery is one-off.
+
+Ownership invariant, checked where it could break: every known split that has not finished
+is owned by exactly one of the enumerator (unassigned, or awaiting its report after a
+global restore) or one reader. Where the runtime would make it false (a reader restarts and
+neither reports nor gets back a split the map says it owned), the enumerator raises
+:class:`~splitflow.errors.SplitOwnershipError` instead of losing the split.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from splitflow.api.assignment import AssignmentStrategy, BalancedAssignment
+from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.split import Codec, JsonDict, SplitT
+from splitflow.errors import ConnectorError, ContractViolation, SplitOwnershipError
+
+
+@dataclass(frozen=True)
+class AssignerState(Generic[SplitT]):
+    """Snapshot of an :class:`AssigningSplitEnumerator`.
+
+    ``unassigned``: splits the enumerator owns, at their positions (new, given back, or
+    reported and not yet assigned again). ``assigned``: split id -> owning reader; those
+    splits' positions are in the readers' state, which reports them on restore.
+    ``finished``: ids of splits read to their end (never assigned again).
+    ``discovered``: the first discovery has completed.
+    """
+
+    unassigned: tuple[SplitT, ...] = ()
+    assigned: Mapping[str, int] = field(default_factory=dict)
+    finished: frozenset[str] = frozenset()
+    discovered: bool = False
+
+
+class AssignerStateCodec(Codec[AssignerState[SplitT]]):
+    """Encodes :class:`AssignerState` compactly: splits via the split codec, ids as strings."""
+
+    version = 1
+
+    def __init__(self, split_codec: Codec[SplitT]) -> None:
+        self._splits = split_codec
+
+    def encode(self, value: AssignerState[SplitT]) -> JsonDict:
+        return {
+            "split_codec": self._splits.version,
+            "unassigned": [self._splits.encode(s) for s in value.unassigned],
+            "assigned": dict(value.assigned),
+            "finished": sorted(value.finished),
+            "discovered": value.discovered,
+        }
+
+    def decode(self, data: Mapping[str, Any], version: int) -> AssignerState[SplitT]:
+        if version != self.version:
+            from splitflow.errors import IncompatibleCheckpointError
+
+            raise IncompatibleCheckpointError("enumerator state", found=version, expected=1)
+        split_version = int(data["split_codec"])
+        return AssignerState(
+            unassigned=tuple(self._splits.decode(s, split_version) for s in data["unassigned"]),
+            assigned={str(k): int(v) for k, v in data["assigned"].items()},
+            finished=frozenset(data["finished"]),
+            discovered=bool(data["discovered"]),
+        )
+
+
+class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
+    """Enumerator base for sources that support split reassignment on recovery.
+
+    Subclass and implement :meth:`discover_splits`. Pass ``state`` when restoring.
+
+    ``discovery_interval``: seconds between discoveries; ``None`` discovers once, and then
+    every reader is told there are no more splits once all are assigned.
+    """
+
+    def __init__(
+        self,
+        context: SplitEnumeratorContext[SplitT],
+        *,
+        strategy: AssignmentStrategy[SplitT] | None = None,
+        discovery_interval: float | None = None,
+        state: AssignerState[SplitT] | None = None,
+    ) -> None:
+        self.context = context
+        self.strategy: AssignmentStrategy[SplitT] = strategy or BalancedAssignment()
+        self.discovery_interval = discovery_interval
+        state = state or AssignerState()
+        if state.assigned and not context.reports_splits_on_registration:
+            raise ContractViolation(
+                f"{type(self).__name__} restores ownership from readers' reports: its source "
+                "must implement SupportsSplitReassignmentOnRecovery"
+            )
+        self._unassigned: dict[str, SplitT] = {s.split_id: s for s in state.unassigned}
+        self._owner: dict[str, int] = {}
+        self._assigned: dict[str, SplitT] = {}
+        # Global restore: splits readers held at the checkpoint, by former owner. They come
+        # back in the readers' registration reports; until then the enumerator owns them.
+        self._awaiting: dict[str, int] = dict(state.assigned)
+        self._restoring = bool(self._awaiting)
+        self._preferred: dict[str, int] = {}
+        self._finished: set[str] = set(state.finished)
+        self._discovered = state.discovered
+        self._signaled: set[int] = set()
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    @abstractmethod
+    def discover_splits(self) -> Sequence[SplitT]:
+        """Every split that exists now, new ones at the position reading should start.
+
+        Called by: a worker thread (through ``call_async``), never the coordinator thread.
+        Blocking: may block on I/O. Must not touch enumerator state.
+        A known split missing from the result has vanished (see :meth:`on_splits_vanished`).
+        """
+
+    def on_discovery_error(self, error: BaseException) -> None:
+        """Discovery raised ``error``. Default: fail the source with a ConnectorError."""
+        raise ConnectorError(f"split discovery failed in {type(self).__name__}: {error}") from error
+
+    def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
+        """Known, unfinished splits no longer exist. Default: drop them, tell their owners.
+
+        Override to apply a data-loss policy (e.g. raise when a split vanished unread).
+        """
+        self.remove_splits(split_ids)
+
+    # -- queries (also for subclasses and tests) ------------------------------------------
+
+    def owners(self) -> Mapping[str, int]:
+        """Split id -> reader, for every split a reader owns."""
+        return dict(self._owner)
+
+    def unassigned_splits(self) -> list[SplitT]:
+        """Splits the enumerator owns and has not assigned, including those awaiting a report."""
+        return list(self._unassigned.values())
+
+    def awaiting_report(self) -> Mapping[str, int]:
+        """After a global restore: split id -> former owner, for splits not yet reported."""
+        return dict(self._awaiting)
+
+    def finished_splits(self) -> frozenset[str]:
+        return frozenset(self._finished)
+
+    # -- SplitEnumerator ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.context.call_async(
+            self.discover_splits, self._handle_discovery, period=self.discovery_interval
+        )
+
+    def add_reader(self, reader_id: int) -> None:
+        info = self.context.registered_readers()[reader_id]
+        self._signaled.discard(reader_id)
+        for split in info.reported_splits:
+            self._take_reported(split, reader_id)
+        lost = [sid for sid, owner in self._owner.items() if owner == reader_id]
+        if lost:
+            raise SplitOwnershipError(
+                f"reader {reader_id} registered again without reporting splits the enumerator "
+                f"assigned to it ({', '.join(sorted(lost)[:10])}); they were neither in its "
+                "restored state nor given back, so they would be lost",
+                split_ids=tuple(sorted(lost)),
+            )
+        self._assign_pending()
+
+    def add_splits_back(self, splits: Sequence[SplitT], reader_id: int) -> None:
+        for split in splits:
+            sid = split.split_id
+            if self._owner.get(sid, reader_id) != reader_id:
+                raise SplitOwnershipError(
+                    f"split {sid} was given back by reader {reader_id} but reader "
+                    f"{self._owner[sid]} owns it",
+                    split_ids=(sid,),
+                )
+            self._release(sid)
+            self._finished.discard(sid)
+            self._unassigned[sid] = split
+            self._preferred[sid] = reader_id
+
+    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
+        if isinstance(event, SplitsFinishedEvent):
+            for sid in event.split_ids:
+                if self._owner.get(sid) == reader_id:
+                    self._release(sid)
+                    self._finished.add(sid)
+            self._maybe_signal_no_more_splits()
+
+    def snapshot_state(self, checkpoint_id: int) -> AssignerState[SplitT]:
+        assigned = dict(self._awaiting)
+        assigned.update(self._owner)
+        return AssignerState(
+            unassigned=tuple(self._unassigned.values()),
+            assigned=assigned,
+            finished=frozenset(self._finished),
+            discovered=self._discovered,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def remove_splits(self, split_ids: Sequence[str]) -> None:
+        """Forget splits entirely (deleted upstream) and tell their owners to stop reading."""
+        by_owner: dict[int, list[str]] = {}
+        for sid in split_ids:
+            owner = self._owner.get(sid)
+            if owner is not None:
+                by_owner.setdefault(owner, []).append(sid)
+            self._release(sid)
+            self._unassigned.pop(sid, None)
+            self._awaiting.pop(sid, None)
+            self._preferred.pop(sid, None)
+        registered = self.context.registered_readers()
+        for owner, sids in sorted(by_owner.items()):
+            if owner in registered:
+                self.context.send_event_to_source_reader(owner, SplitsRemovedEvent(tuple(sids)))
+
+    def _release(self, split_id: str) -> None:
+        self._owner.pop(split_id, None)
+        self._assigned.pop(split_id, None)
+
+    def _take_reported(self, split: SplitT, reader_id: int) -> None:
+        sid = split.split_id
+        owner = self._owner.get(sid)
+        if owner is not None and owner != reader_id:
+            return  # another reader owns it now; this report is stale (FLIP-537 case 4)
+        if sid in self._awaiting:  # global restore: the reader's state is the split's state
+            del self._awaiting[sid]
+        self._release(sid)  # partial failover: the map says this reader owned it
+        self._finished.discard(sid)  # finished after the checkpoint the reader restored
+        self._unassigned.setdefault(sid, split)
+        self._preferred[sid] = reader_id
+
+    def _handle_discovery(self, splits: Sequence[SplitT] | None, error: BaseException | None) -> None:
+        if error is not None:
+            self.on_discovery_error(error)
+            return
+        current = {s.split_id: s for s in splits or ()}
+        known_open = self._unassigned.keys() | self._owner.keys() | self._awaiting.keys()
+        vanished = sorted(known_open - current.keys())
+        if vanished:
+            self.on_splits_vanished(vanished)
+        for sid, split in current.items():
+            if sid not in known_open and sid not in self._finished:
+                self._unassigned[sid] = split
+        self._discovered = True
+        self._assign_pending()
+
+    def _assign_pending(self) -> None:
+        registered = self.context.registered_readers()
+        if len(registered) < self.context.current_parallelism:
+            return  # wait for every reader: assigning now would load the early ones
+        if self._restoring:
+            self._finish_global_restore(sorted(registered))
+        elif self._unassigned:
+            candidates = [r for r in sorted(registered) if r not in self._signaled]
+            loads = dict.fromkeys(candidates, 0.0)
+            for sid, owner in self._owner.items():
+                if owner in loads:
+                    loads[owner] += self.strategy.weight(self._assigned[sid])
+            pending = list(self._unassigned.values())
+            self._commit(self.strategy.assign(pending, loads, self._preferred))
+        self._maybe_signal_no_more_splits()
+
+    def _finish_global_restore(self, readers: list[int]) -> None:
+        if self._awaiting:
+            missing = tuple(sorted(self._awaiting))
+            raise SplitOwnershipError(
+                f"every reader registered after a restore but {len(missing)} split(s) were in "
+                f"no reader's report ({', '.join(missing[:10])}): the checkpoint's reader state "
+                "does not match its enumerator state",
+                split_ids=missing,
+            )
+        self._restoring = False
+        held: dict[int, list[SplitT]] = {}
+        unowned: list[SplitT] = []
+        for sid, split in self._unassigned.items():
+            holder = self._preferred.get(sid)
+            if holder is None:
+                unowned.append(split)
+            else:
+                held.setdefault(holder, []).append(split)
+        self._commit(self.strategy.redistribute(held, readers, unowned))
+
+    def _commit(self, assignment: Mapping[int, Sequence[SplitT]]) -> None:
+        assignment = {r: list(ss) for r, ss in assignment.items() if ss}
+        if not assignment:
+            return
+        for reader, splits in assignment.items():
+            for split in splits:
+                sid = split.split_id
+                del self._unassigned[sid]
+                self._preferred.pop(sid, None)
+                self._owner[sid] = reader
+                self._assigned[sid] = split
+        self.context.assign_splits(assignment)
+
+    def _maybe_signal_no_more_splits(self) -> None:
+        if self.discovery_interval is not None or not self._discovered:
+            return
+        if self._unassigned or self._awaiting:
+            return
+        for reader in sorted(self.context.registered_readers()):
+            if reader not in self._signaled:
+                self._signaled.add(reader)
+                self.context.signal_no_more_splits(reader)

@@ -1,0 +1,251 @@
+"""Assignment strategies: which reader gets which split.
+
+A strategy is pure policy: it is handed splits and the readers' current loads and returns a
+choice; it owns no state that must survive a restore (round-robin's counter restarts at
+zero, which is allowed). Three are built in:
+
+* :class:`BalancedAssignment` (default): least-loaded reader, by split count or by an
+  estimated weight. After a redistribution, loads differ by at most one split (count) or the
+  largest split's weight, and splits stay with the reader that held them whenever balance
+  allows, so a global restore or a change of parallelism moves as few splits as it can.
+* :class:`RoundRobinAssignment`: a global counter (Flink's dynamic Kafka source, "global").
+* :class:`HashAssignment`: Flink's Kafka ownership, ``(hash(topic) * 31 & 0x7FFFFFFF) %
+  n + partition) % n``: stable without coordination, but skewed with many small topics
+  (FLINK-31762).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic
+
+from splitflow.api.split import SplitT
+
+Assignment = dict[int, list[SplitT]]
+_EPSILON = 1e-9
+
+
+class AssignmentStrategy(ABC, Generic[SplitT]):
+    """Chooses owners for splits.
+
+    Called by: an enumerator, on the coordinator thread. Must not block.
+    """
+
+    def weight(self, split: SplitT) -> float:
+        """How much work ``split`` is, relative to others. Default: every split weighs 1."""
+        return 1.0
+
+    @abstractmethod
+    def assign(
+        self,
+        splits: Sequence[SplitT],
+        loads: Mapping[int, float],
+        preferred: Mapping[str, int] | None = None,
+    ) -> Assignment[SplitT]:
+        """Choose an owner for each of ``splits`` among the readers keyed in ``loads``.
+
+        ``loads`` is each candidate reader's current load (sum of weights it owns);
+        ``preferred`` names, by split id, a reader the split should go back to when that
+        does not unbalance (the reader that held it before a failover).
+        Returns only readers that get splits.
+        """
+
+    @abstractmethod
+    def redistribute(
+        self,
+        held: Mapping[int, Sequence[SplitT]],
+        readers: Sequence[int],
+        unowned: Sequence[SplitT] = (),
+    ) -> Assignment[SplitT]:
+        """Distribute every split over ``readers`` from scratch (global restore, rescale).
+
+        ``held`` groups splits by the reader that holds them now (a key that is not in
+        ``readers`` is a reader that no longer exists); ``unowned`` have no holder.
+        Returns an owner for every split given.
+        """
+
+
+class BalancedAssignment(AssignmentStrategy[SplitT]):
+    """Least-loaded reader first (ties: the preferred reader, then the lowest id).
+
+    ``weigh`` estimates a split's size (bytes, rows); without it, splits are counted.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class S:
+    ...     split_id: str
+    ...     position: int = 0
+    >>> balanced = BalancedAssignment[S]()
+    >>> out = balanced.assign([S("a"), S("b"), S("c")], {0: 5.0, 1: 0.0, 2: 1.0})
+    >>> {r: [s.split_id for s in ss] for r, ss in sorted(out.items())}
+    {1: ['a', 'b'], 2: ['c']}
+    """
+
+    def __init__(self, weigh: Callable[[SplitT], float] | None = None) -> None:
+        self._weigh = weigh
+
+    def weight(self, split: SplitT) -> float:
+        return 1.0 if self._weigh is None else float(self._weigh(split))
+
+    def assign(
+        self,
+        splits: Sequence[SplitT],
+        loads: Mapping[int, float],
+        preferred: Mapping[str, int] | None = None,
+    ) -> Assignment[SplitT]:
+        return self._assign_least_loaded(splits, dict(loads), preferred or {})
+
+    def redistribute(
+        self,
+        held: Mapping[int, Sequence[SplitT]],
+        readers: Sequence[int],
+        unowned: Sequence[SplitT] = (),
+    ) -> Assignment[SplitT]:
+        if not readers:
+            return {}
+        # Keep what each reader holds, heaviest first, up to the average load; everything
+        # else goes to a pool that is dealt least-loaded-first. Every pool split lands on a
+        # reader whose load was the minimum, so max - min <= the largest weight (count: 1).
+        live = set(readers)
+        total = sum(self.weight(s) for s in itertools.chain(unowned, *held.values()))
+        target = total / len(readers)
+        loads = dict.fromkeys(readers, 0.0)
+        result: Assignment[SplitT] = {r: [] for r in readers}
+        pool = list(unowned)
+        preferred: dict[str, int] = {}
+        for reader, splits in held.items():
+            if reader not in live:
+                pool.extend(splits)
+                continue
+            for split in sorted(splits, key=self._heaviest_first):
+                w = self.weight(split)
+                if loads[reader] + w <= target + _EPSILON:
+                    loads[reader] += w
+                    result[reader].append(split)
+                else:
+                    pool.append(split)
+                    preferred[split.split_id] = reader
+        for reader, splits in self._assign_least_loaded(pool, loads, preferred).items():
+            result[reader].extend(splits)
+        return {r: ss for r, ss in result.items() if ss}
+
+    def _heaviest_first(self, split: SplitT) -> tuple[float, str]:
+        return (-self.weight(split), split.split_id)
+
+    def _assign_least_loaded(
+        self, splits: Sequence[SplitT], loads: dict[int, float], preferred: Mapping[str, int]
+    ) -> Assignment[SplitT]:
+        if not loads:
+            return {}
+        heap = [(load, reader) for reader, load in loads.items()]
+        heapq.heapify(heap)
+        result: Assignment[SplitT] = {}
+        for split in sorted(splits, key=self._heaviest_first):
+            while heap[0][0] != loads[heap[0][1]]:  # stale entry: that load grew since
+                heapq.heappop(heap)
+            least, reader = heap[0]
+            wanted = preferred.get(split.split_id)
+            if wanted is not None and wanted in loads and loads[wanted] <= least + _EPSILON:
+                reader = wanted
+            loads[reader] += self.weight(split)
+            heapq.heappush(heap, (loads[reader], reader))
+            result.setdefault(reader, []).append(split)
+        return result
+
+
+class RoundRobinAssignment(AssignmentStrategy[SplitT]):
+    """Deal splits to readers in turn with one global counter; a give-back goes home once."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def assign(
+        self,
+        splits: Sequence[SplitT],
+        loads: Mapping[int, float],
+        preferred: Mapping[str, int] | None = None,
+    ) -> Assignment[SplitT]:
+        readers = sorted(loads)
+        result: Assignment[SplitT] = {}
+        if not readers:
+            return result
+        for split in splits:
+            wanted = (preferred or {}).get(split.split_id)
+            if wanted is not None and wanted in loads:
+                reader = wanted
+            else:
+                reader = readers[self._next % len(readers)]
+                self._next += 1
+            result.setdefault(reader, []).append(split)
+        return result
+
+    def redistribute(
+        self,
+        held: Mapping[int, Sequence[SplitT]],
+        readers: Sequence[int],
+        unowned: Sequence[SplitT] = (),
+    ) -> Assignment[SplitT]:
+        self._next = 0
+        everything = sorted(
+            itertools.chain(unowned, *held.values()), key=lambda s: s.split_id
+        )
+        return self.assign(everything, dict.fromkeys(readers, 0.0))
+
+
+def java_string_hash(text: str) -> int:
+    """``String.hashCode()`` of Java, as a signed 32-bit int (UTF-16 code units).
+
+    >>> java_string_hash("orders")
+    -1008770331
+    """
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def flink_kafka_owner(topic: str, partition: int, num_readers: int) -> int:
+    """The reader Flink's KafkaSourceEnumerator gives ``topic``-``partition`` to."""
+    start = ((java_string_hash(topic) * 31) & 0x7FFFFFFF) % num_readers
+    return (start + partition) % num_readers
+
+
+class HashAssignment(AssignmentStrategy[SplitT]):
+    """Flink-compatible hash ownership: a pure function of the split and the parallelism.
+
+    ``key`` maps a split to ``(topic, partition)``; by default ``(split_id, 0)``.
+    Ignores loads and preferences by design: that is what makes it skew.
+    """
+
+    def __init__(self, key: Callable[[SplitT], tuple[str, int]] | None = None) -> None:
+        self._key = key
+
+    def _owner(self, split: SplitT, readers: Sequence[int]) -> int:
+        topic, partition = self._key(split) if self._key else (split.split_id, 0)
+        return readers[flink_kafka_owner(topic, partition, len(readers))]
+
+    def assign(
+        self,
+        splits: Sequence[SplitT],
+        loads: Mapping[int, float],
+        preferred: Mapping[str, int] | None = None,
+    ) -> Assignment[SplitT]:
+        readers = sorted(loads)
+        result: Assignment[SplitT] = {}
+        if not readers:
+            return result
+        for split in splits:
+            result.setdefault(self._owner(split, readers), []).append(split)
+        return result
+
+    def redistribute(
+        self,
+        held: Mapping[int, Sequence[SplitT]],
+        readers: Sequence[int],
+        unowned: Sequence[SplitT] = (),
+    ) -> Assignment[SplitT]:
+        return self.assign(list(itertools.chain(unowned, *held.values())), dict.fromkeys(readers, 0.0))

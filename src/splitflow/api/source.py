@@ -1,0 +1,83 @@
+"""The Source: a factory of one split enumerator and many split readers."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import Generic
+
+from splitflow.api.enumerator import EnumStateT, SplitEnumerator, SplitEnumeratorContext
+from splitflow.api.reader import RecordT, SourceReader, SourceReaderContext
+from splitflow.api.split import Codec, SplitT
+
+
+class Boundedness(enum.Enum):
+    BOUNDED = "bounded"
+    """All splits are known to end; input ends once every split has (batch reads)."""
+    CONTINUOUS_UNBOUNDED = "continuous_unbounded"
+    """Splits may never end and new splits may appear (streaming reads)."""
+
+
+class Source(ABC, Generic[RecordT, SplitT, EnumStateT]):
+    """A factory of the enumerator (control plane) and readers (data plane) of one source.
+
+    A Source holds only configuration: it is pickled and shipped to every reader, so keep it
+    small, picklable, and free of open connections or threads. Every factory method may be
+    called in another process than the one that built the Source.
+    """
+
+    @property
+    @abstractmethod
+    def boundedness(self) -> Boundedness: ...
+
+    @abstractmethod
+    def create_enumerator(
+        self, context: SplitEnumeratorContext[SplitT]
+    ) -> SplitEnumerator[SplitT, EnumStateT]:
+        """A new enumerator for a query that starts from nothing.
+
+        Called by: the coordinator thread, once per query run, before any reader registers.
+        """
+
+    @abstractmethod
+    def restore_enumerator(
+        self, context: SplitEnumeratorContext[SplitT], state: EnumStateT
+    ) -> SplitEnumerator[SplitT, EnumStateT]:
+        """An enumerator that resumes from a checkpoint (a global restore).
+
+        Called by: the coordinator thread, once, instead of ``create_enumerator``.
+        """
+
+    @abstractmethod
+    def create_reader(self, context: SourceReaderContext) -> SourceReader[RecordT, SplitT]:
+        """A reader for one parallel slot. Called in the reader's process (a Spark task)."""
+
+    @property
+    @abstractmethod
+    def split_codec(self) -> Codec[SplitT]:
+        """Encodes splits for checkpoints and Spark offsets."""
+
+    @property
+    @abstractmethod
+    def enumerator_state_codec(self) -> Codec[EnumStateT]:
+        """Encodes the enumerator's snapshot for checkpoints."""
+
+
+class SupportsSplitReassignmentOnRecovery:
+    """Mix-in: on recovery, readers hand their splits to the enumerator (FLIP-537).
+
+    A restarting reader of such a source does not resume its restored splits itself: it
+    reports them at registration (``ReaderInfo.reported_splits``) and reads only what the
+    enumerator assigns. The enumerator is then the single source of truth for ownership and
+    can rebalance on a global restore or a change of parallelism. It must tell apart:
+
+    1. splits reported during a global restore (its own state has them as "with readers"):
+       redistribute them;
+    2. splits reported by a reader in a partial failover (its assignment map lists that
+       reader as their owner): take them back and assign them again; ignore splits its map
+       says another reader owns now;
+    3. splits given back by ``add_splits_back`` (assigned after the last completed
+       checkpoint, never acknowledged): forget that assignment and assign them again.
+
+    :class:`~splitflow.api.assigner.AssigningSplitEnumerator` implements all three.
+    """

@@ -1,0 +1,164 @@
+"""Splits, their mutable reading state, and codecs that turn both into small primitive dicts.
+
+A split is an immutable value: a unit of work (a partition, a bucket, a file, a table chunk)
+plus the position where reading it resumes. Reading advances a separate, mutable
+:class:`SplitState`; a snapshot turns the state back into a split at its new position.
+
+Positions are integers in the split's own order (an offset, a row index, a byte offset, a
+log sequence number): comparable, cheap to store in Spark offsets, and subtractable so that
+lag is ``latest - position``. Reading a split on Spark means reading a slice
+``[start, stop)`` of positions that the driver planned; a replay reads the same slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, cast
+
+from splitflow.errors import ContractViolation, IncompatibleCheckpointError
+
+JsonDict = dict[str, Any]
+"""A dict of JSON primitives (str, int, float, bool, None, lists and dicts of them)."""
+
+
+class SourceSplit(Protocol):
+    """What splitflow needs of a split: a stable id and a resume position.
+
+    Implement a split as a ``@dataclass(frozen=True)`` with a ``position: int`` field and a
+    ``split_id`` field or property; splitflow moves it to a new position with
+    :func:`dataclasses.replace`. Splits travel in checkpoints and in Spark offsets, so keep
+    them small: identity and position, not data.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class PartitionSplit:
+    ...     topic: str
+    ...     partition: int
+    ...     position: int = 0
+    ...     @property
+    ...     def split_id(self) -> str:
+    ...         return f"{self.topic}-{self.partition}"
+    >>> with_position(PartitionSplit("orders", 3), 42)
+    PartitionSplit(topic='orders', partition=3, position=42)
+    """
+
+    @property
+    def split_id(self) -> str:
+        """Identifies the split among all splits of its source, forever (never reused)."""
+        ...
+
+    @property
+    def position(self) -> int:
+        """The first position not yet read: reading resumes here."""
+        ...
+
+
+SplitT = TypeVar("SplitT", bound=SourceSplit)
+T = TypeVar("T")
+
+
+def with_position(split: SplitT, position: int) -> SplitT:
+    """Return ``split`` moved to ``position`` (the split itself is never changed)."""
+    if not dataclasses.is_dataclass(split) or isinstance(split, type):
+        raise ContractViolation(
+            f"split {split!r} is not a dataclass instance: implement splits as "
+            "@dataclass(frozen=True) with a `position: int` field"
+        )
+    return cast(SplitT, dataclasses.replace(cast(Any, split), position=position))
+
+
+@dataclass
+class SplitState(Generic[SplitT]):
+    """The mutable reading progress of one split inside one reader.
+
+    Called by: the reader's thread only (never shared between threads).
+    Guarantees: ``to_split()`` returns the split at ``position``, which is what a snapshot
+    stores; reading resumes exactly there after a restore.
+    """
+
+    split: SplitT
+    position: int
+
+    @classmethod
+    def of(cls, split: SplitT) -> SplitState[SplitT]:
+        """The state of a split that has not been read past its own position."""
+        return cls(split, split.position)
+
+    @property
+    def split_id(self) -> str:
+        return self.split.split_id
+
+    def to_split(self) -> SplitT:
+        return with_position(self.split, self.position)
+
+
+class Codec(ABC, Generic[T]):
+    """Turns a value into a small dict of JSON primitives and back.
+
+    ``version`` is written beside the encoded values of a checkpoint; ``decode`` receives the
+    version that wrote ``data`` and must read every version it has ever written, or raise
+    :class:`~splitflow.errors.IncompatibleCheckpointError`.
+    """
+
+    version: int = 1
+
+    @abstractmethod
+    def encode(self, value: T) -> JsonDict:
+        """Encode ``value``. Must be deterministic: equal values give equal dicts."""
+
+    @abstractmethod
+    def decode(self, data: Mapping[str, Any], version: int) -> T:
+        """Decode what ``encode`` of codec version ``version`` produced."""
+
+
+class DataclassCodec(Codec[T]):
+    """Codec for a flat dataclass whose fields are JSON primitives or tuples of them.
+
+    Lists in the encoded form come back as tuples (frozen dataclasses hold tuples).
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class FileSplit:
+    ...     path: str
+    ...     position: int = 0
+    ...     @property
+    ...     def split_id(self) -> str:
+    ...         return self.path
+    >>> codec = DataclassCodec(FileSplit)
+    >>> codec.encode(FileSplit("/data/a.parquet", 7))
+    {'path': '/data/a.parquet', 'position': 7}
+    >>> codec.decode({'path': '/data/a.parquet', 'position': 7}, version=1)
+    FileSplit(path='/data/a.parquet', position=7)
+    """
+
+    def __init__(self, cls: type[T], version: int = 1) -> None:
+        if not dataclasses.is_dataclass(cls):
+            raise ContractViolation(f"DataclassCodec needs a dataclass, got {cls!r}")
+        self._cls = cls
+        self._fields = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        self.version = version
+
+    def encode(self, value: T) -> JsonDict:
+        return {name: _to_json(getattr(value, name)) for name in self._fields}
+
+    def decode(self, data: Mapping[str, Any], version: int) -> T:
+        if version != self.version:
+            raise IncompatibleCheckpointError(
+                f"{self._cls.__name__} codec", found=version, expected=self.version
+            )
+        return self._cls(**{k: _from_json(v) for k, v in data.items()})
+
+
+def _to_json(value: object) -> object:
+    if isinstance(value, tuple | list):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value: object) -> object:
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    return value

@@ -1,0 +1,69 @@
+"""Every error splitflow raises, under one root.
+
+::
+
+    SplitflowError
+    ├── ConfigurationError          the user gave a bad option or argument
+    ├── ContractViolation           a connector (or runtime) broke an API contract
+    │   └── SplitOwnershipError     a split would be lost or owned twice
+    ├── ConnectorError              the external system failed (always ``raise ... from exc``)
+    ├── SourceFailedError           the coordinator failed; ``__cause__`` is the original error
+    ├── CheckpointDeclinedError     a checkpoint cannot be taken now (retry later)
+    └── IncompatibleCheckpointError a checkpoint was written by an incompatible version
+
+Messages name the thing at fault (option, split, reader, checkpoint) and, where there is
+one, the fix.
+"""
+
+from __future__ import annotations
+
+
+class SplitflowError(Exception):
+    """Root of every error raised by splitflow."""
+
+
+class ConfigurationError(SplitflowError, ValueError):
+    """The user gave an invalid option or argument.
+
+    ``option`` names the option at fault, so a caller can point at it.
+    """
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+class ContractViolation(SplitflowError):
+    """A connector or runtime called the API in a way its contract forbids."""
+
+
+class SplitOwnershipError(ContractViolation):
+    """A split would be lost, or owned by more than one party at once.
+
+    ``split_ids`` lists the splits at fault.
+    """
+
+    def __init__(self, message: str, *, split_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.split_ids = split_ids
+
+
+class ConnectorError(SplitflowError):
+    """The external system a connector reads failed (unreachable, refused, corrupt data)."""
+
+
+class SourceFailedError(SplitflowError):
+    """The source's coordinator failed; the original exception is ``__cause__``."""
+
+
+class CheckpointDeclinedError(SplitflowError):
+    """A checkpoint cannot be taken now, for a reason that passes (e.g. readers registering)."""
+
+
+class IncompatibleCheckpointError(SplitflowError):
+    """A checkpoint or encoded value was written in a form this version cannot read."""
+
+    def __init__(self, what: str, *, found: object, expected: object) -> None:
+        super().__init__(f"{what}: found version {found!r}, this splitflow reads {expected!r}")
+        self.found = found
+        self.expected = expected

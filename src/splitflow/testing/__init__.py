@@ -1,0 +1,27 @@
+"""Test support: a deterministic harness, a test source, and contract test suites."""
+
+from splitflow.testing.harness import (
+    ENUMERATOR,
+    SourceHarness,
+    assigning_enumerator_owned,
+    count_duplicates,
+)
+from splitflow.testing.sequence import (
+    SequenceCatalog,
+    SequenceEnumerator,
+    SequenceRecord,
+    SequenceSource,
+    SequenceSplit,
+)
+
+__all__ = [
+    "ENUMERATOR",
+    "SequenceCatalog",
+    "SequenceEnumerator",
+    "SequenceRecord",
+    "SequenceSource",
+    "SequenceSplit",
+    "SourceHarness",
+    "assigning_enumerator_owned",
+    "count_duplicates",
+]

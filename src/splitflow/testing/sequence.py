@@ -1,0 +1,218 @@
+"""A deterministic in-process source for tests, demos and benchmarks.
+
+Its data lives in a :class:`SequenceCatalog`: named splits, each a growing sequence of
+records ``(name, 0), (name, 1), ...``. Tests add splits, append records and remove splits
+while a query runs, and know exactly which records must come out, once each.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
+from splitflow.api.assignment import AssignmentStrategy
+from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
+from splitflow.api.reader import SourceReader, SourceReaderContext
+from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
+from splitflow.api.split import Codec, DataclassCodec
+
+SequenceRecord = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class SequenceSplit:
+    """Records ``position .. end-1`` of sequence ``name`` (``end=None``: it keeps growing)."""
+
+    name: str
+    end: int | None = None
+    position: int = 0
+
+    @property
+    def split_id(self) -> str:
+        return self.name
+
+
+class SequenceCatalog:
+    """The data behind a :class:`SequenceSource`: split name -> number of records so far.
+
+    Thread-safe. Catalogs are registered by ``key`` in this process, so that a source that
+    refers to one stays small and picklable (readers in the same process find it again).
+    """
+
+    _registry: weakref.WeakValueDictionary[str, SequenceCatalog] = weakref.WeakValueDictionary()
+    _counter = 0
+
+    def __init__(self, splits: Mapping[str, int] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._lengths: dict[str, int] = dict(splits or {})
+        self._sealed: set[str] = set()
+        with SequenceCatalog._class_lock:
+            SequenceCatalog._counter += 1
+            self.key = f"catalog-{SequenceCatalog._counter}"
+        SequenceCatalog._registry[self.key] = self
+
+    _class_lock = threading.Lock()
+
+    @classmethod
+    def named(cls, key: str) -> SequenceCatalog:
+        return cls._registry[key]
+
+    def add(self, name: str, length: int = 0) -> None:
+        with self._lock:
+            if name in self._lengths:
+                raise ValueError(f"split {name} already exists")
+            self._lengths[name] = length
+
+    def append(self, name: str, count: int) -> None:
+        with self._lock:
+            self._lengths[name] += count
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            del self._lengths[name]
+            self._sealed.discard(name)
+
+    def seal(self, name: str) -> None:
+        """No record will be appended to ``name`` any more: it ends at its length."""
+        with self._lock:
+            if name not in self._lengths:
+                raise KeyError(name)
+            self._sealed.add(name)
+
+    def is_sealed(self, name: str) -> bool:
+        with self._lock:
+            return name in self._sealed
+
+    def length(self, name: str) -> int | None:
+        with self._lock:
+            return self._lengths.get(name)
+
+    def lengths(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._lengths)
+
+    def records(self) -> list[SequenceRecord]:
+        """Every record that exists now, in a canonical order."""
+        return [(name, i) for name, n in sorted(self.lengths().items()) for i in range(n)]
+
+
+class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
+    def __init__(
+        self,
+        source: SequenceSource,
+        context: SplitEnumeratorContext[SequenceSplit],
+        state: AssignerState[SequenceSplit] | None,
+    ) -> None:
+        super().__init__(
+            context,
+            strategy=source.make_strategy(),
+            discovery_interval=source.discovery_interval,
+            state=state,
+        )
+        self._source = source
+
+    def discover_splits(self) -> Sequence[SequenceSplit]:
+        bounded = self._source.boundedness is Boundedness.BOUNDED
+        return [
+            SequenceSplit(name, end=n if bounded else None)
+            for name, n in self._source.catalog.lengths().items()
+        ]
+
+    def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
+        result = {}
+        for split in splits:
+            length = self._source.catalog.length(split.name)
+            if split.end is not None:
+                result[split.split_id] = SplitExtent(split.end, final=True)
+            elif length is not None:
+                sealed = self._source.catalog.is_sealed(split.name)
+                result[split.split_id] = SplitExtent(length, final=sealed)
+        return result
+
+
+class SequenceSource(
+    Source[SequenceRecord, SequenceSplit, AssignerState[SequenceSplit]],
+    SupportsSplitReassignmentOnRecovery,
+):
+    """Reads a :class:`SequenceCatalog`; reassigns splits on recovery (FLIP-537).
+
+    ``bounded``: splits end at their length when discovered and input ends after them.
+    ``discovery_interval``: seconds between discoveries (``None``: once).
+    ``strategy``: name of the assignment strategy: ``balanced``, ``round_robin``, ``hash``.
+    """
+
+    def __init__(
+        self,
+        catalog: SequenceCatalog,
+        *,
+        bounded: bool = False,
+        discovery_interval: float | None = None,
+        strategy: str = "balanced",
+        fetch_size: int = 100,
+    ) -> None:
+        self.catalog_key = catalog.key
+        self.bounded = bounded
+        self.discovery_interval = discovery_interval
+        self.strategy = strategy
+        self.fetch_size = fetch_size
+        self._catalog = catalog  # kept alive while the source lives
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_catalog"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._catalog = SequenceCatalog.named(self.catalog_key)
+
+    @property
+    def catalog(self) -> SequenceCatalog:
+        return self._catalog
+
+    @property
+    def boundedness(self) -> Boundedness:
+        return Boundedness.BOUNDED if self.bounded else Boundedness.CONTINUOUS_UNBOUNDED
+
+    def make_strategy(self) -> AssignmentStrategy[SequenceSplit]:
+        from splitflow.api.assignment import (
+            BalancedAssignment,
+            HashAssignment,
+            RoundRobinAssignment,
+        )
+
+        strategies: dict[str, type[AssignmentStrategy[SequenceSplit]]] = {
+            "balanced": BalancedAssignment,
+            "round_robin": RoundRobinAssignment,
+            "hash": HashAssignment,
+        }
+        return strategies[self.strategy]()
+
+    def create_enumerator(
+        self, context: SplitEnumeratorContext[SequenceSplit]
+    ) -> SplitEnumerator[SequenceSplit, AssignerState[SequenceSplit]]:
+        return SequenceEnumerator(self, context, None)
+
+    def restore_enumerator(
+        self, context: SplitEnumeratorContext[SequenceSplit], state: AssignerState[SequenceSplit]
+    ) -> SplitEnumerator[SequenceSplit, AssignerState[SequenceSplit]]:
+        return SequenceEnumerator(self, context, state)
+
+    def create_reader(
+        self, context: SourceReaderContext
+    ) -> SourceReader[SequenceRecord, SequenceSplit]:
+        from splitflow.testing.sequence_reader import create_sequence_reader
+
+        return create_sequence_reader(self, context)
+
+    @property
+    def split_codec(self) -> Codec[SequenceSplit]:
+        return DataclassCodec(SequenceSplit)
+
+    @property
+    def enumerator_state_codec(self) -> Codec[AssignerState[SequenceSplit]]:
+        return AssignerStateCodec(self.split_codec)
