@@ -49,9 +49,8 @@ class HoldBack(BalancedAssignment[SequenceSplit]):
         self,
         splits: Sequence[SequenceSplit],
         loads: Mapping[int, float],
-        preferred: Mapping[str, int] | None = None,
     ) -> Assignment[SequenceSplit]:
-        return super().assign([s for s in splits if s.split_id not in self.held], loads, preferred)
+        return super().assign([s for s in splits if s.split_id not in self.held], loads)
 
 
 class AllTo(BalancedAssignment[SequenceSplit]):
@@ -115,7 +114,9 @@ def test_reported_splits_not_yet_reassigned_are_in_the_enumerator_checkpoint() -
     source = ScriptedSource(catalog, strategy)
     split = {n: SequenceSplit(n, position=4) for n in "1234"}
     harness: Harness = SourceHarness(
-        source, 2, restore_from=restored_from({0: (split["1"], split["2"]), 1: (split["3"], split["4"])})
+        source,
+        2,
+        restore_from=restored_from({0: (split["1"], split["2"]), 1: (split["3"], split["4"])}),
     )
     harness.settle()
     assert {s.split_id for ss in harness.reader_splits().values() for s in ss} == {"1", "2"}
@@ -221,4 +222,53 @@ def test_assignment_after_the_last_checkpoint_never_acknowledged_is_given_back()
     owners = harness.ownership(assigning_enumerator_owned)
     assert len(owners["c"]) == 1
     assert owners["c"] != [ENUMERATOR]  # given back and assigned again, not parked
+    assert_exactly_once(harness, catalog.records())
+
+
+def test_partial_failover_returns_splits_to_their_reader_and_moves_no_other() -> None:
+    # Reader 0 finishes "a" and then gets "b"; it fails before a checkpoint. Both come back to
+    # it (the finish is undone with the failure), even though it is then the most loaded.
+    catalog = SequenceCatalog({"x": 3, "y": 3})
+    source = SequenceSource(catalog, discovery_interval=1.0)
+    harness: Harness = SourceHarness(source, 3)
+    harness.complete(harness.checkpoint())
+    catalog.add("a", 2)
+    catalog.seal("a")
+    harness.advance(1.0)
+    owner = next(r for r, ss in harness.reader_splits().items() if any(s.name == "a" for s in ss))
+    harness.poll(owner, max_polls=5)  # reads "a" to its end: finished
+    catalog.add("b", 4)
+    harness.advance(1.0)
+    before = {r: {s.split_id for s in ss} for r, ss in harness.reader_splits().items()}
+    assert "b" in before[owner]  # the least loaded again once "a" finished
+
+    harness.fail_reader(owner)
+
+    after = {r: {s.split_id for s in ss} for r, ss in harness.reader_splits().items()}
+    assert after[owner] == before[owner] | {"a"}
+    assert {r: ss for r, ss in after.items() if r != owner} == {
+        r: ss for r, ss in before.items() if r != owner
+    }
+    assert_exactly_once(harness, catalog.records())
+
+
+def test_stale_report_of_a_split_another_reader_finished_is_ignored() -> None:
+    # After a rescale, reader 0's restore point still lists "b", which moved to reader 1 and
+    # was read to its end there. Reader 0 fails: its report of "b" must not bring it back.
+    catalog = SequenceCatalog({"a": 0, "b": 0})
+    source = SequenceSource(catalog, discovery_interval=1.0)
+    harness: Harness = SourceHarness(source, 3)
+    harness.restore(parallelism=1)
+    catalog.seal("a")
+    harness.complete(harness.checkpoint())
+    catalog.seal("b")
+    harness.restore(parallelism=2)  # reader 0 reports a and b; b moves to reader 1
+    assert {r: [s.name for s in ss] for r, ss in harness.reader_splits().items()} == {
+        0: ["a"],
+        1: ["b"],
+    }
+    harness.poll(1, max_polls=2)  # b ends on reader 1
+    harness.fail_reader(0)
+    owners = harness.ownership(assigning_enumerator_owned)
+    assert "b" not in owners
     assert_exactly_once(harness, catalog.records())

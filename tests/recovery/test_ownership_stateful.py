@@ -16,6 +16,7 @@ At the end, after reading everything: committed output == every record, once.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 from hypothesis import HealthCheck, settings
@@ -74,18 +75,22 @@ class SplitOwnership(RuleBasedStateMachine):
         self.harness.advance(1.0)
         self.discovered |= names
 
-    @rule(reader=st.integers(0, 5), polls=st.integers(1, 4))
-    def read(self, reader: int, polls: int) -> None:
-        if reader in self.harness.slots:
-            self.harness.poll(reader, max_polls=polls)
-            self.harness.settle()
+    @rule(data=st.data(), polls=st.integers(1, 4))
+    def read(self, data: st.DataObject, polls: int) -> None:
+        reader = data.draw(st.sampled_from(sorted(self.harness.slots)))
+        self.harness.poll(reader, max_polls=polls)
+        self.harness.settle()
 
     @rule()
     def checkpoint(self) -> None:
-        try:
+        with contextlib.suppress(CheckpointDeclinedError):
             self.open_checkpoints.append(self.harness.checkpoint())
-        except CheckpointDeclinedError:
-            pass
+
+    @rule()
+    def checkpoint_and_complete(self) -> None:
+        with contextlib.suppress(CheckpointDeclinedError):
+            self.harness.complete(self.harness.checkpoint())
+            self.open_checkpoints = []
 
     @precondition(lambda self: self.open_checkpoints)
     @rule(latest=st.booleans())
@@ -96,10 +101,9 @@ class SplitOwnership(RuleBasedStateMachine):
 
     # -- failures -----------------------------------------------------------------------
 
-    @rule(reader=st.integers(0, 5))
-    def fail_reader(self, reader: int) -> None:
-        if reader not in self.harness.slots:
-            return
+    @rule(data=st.data())
+    def fail_reader(self, data: st.DataObject) -> None:
+        reader = data.draw(st.sampled_from(sorted(self.harness.slots)))
         before = self._split_ids_by_reader()
         self.harness.fail_reader(reader)
         after = self._split_ids_by_reader()
@@ -158,8 +162,8 @@ class SplitOwnership(RuleBasedStateMachine):
 
 TestSplitOwnership = SplitOwnership.TestCase
 TestSplitOwnership.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
+    max_examples=150,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

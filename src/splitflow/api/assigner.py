@@ -107,22 +107,25 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self.strategy: AssignmentStrategy[SplitT] = strategy or BalancedAssignment()
         self.discovery_interval = discovery_interval
         state = state or AssignerState()
-        if state.assigned and not context.reports_splits_on_registration:
+        if not context.reports_splits_on_registration:
             raise ContractViolation(
                 f"{type(self).__name__} restores ownership from readers' reports: its source "
                 "must implement SupportsSplitReassignmentOnRecovery"
             )
         self._unassigned: dict[str, SplitT] = {s.split_id: s for s in state.unassigned}
         self._owner: dict[str, int] = {}
+        self._owned_by: dict[int, set[str]] = {}  # reader -> split ids: the inverse of _owner
         self._assigned: dict[str, SplitT] = {}
         # Global restore: splits readers held at the checkpoint, by former owner. They come
         # back in the readers' registration reports; until then the enumerator owns them.
         self._awaiting: dict[str, int] = dict(state.assigned)
         self._restoring = bool(self._awaiting)
         self._preferred: dict[str, int] = {}
-        self._finished: set[str] = set(state.finished)
+        # Finished split id -> the reader that finished it in this run (None: restored).
+        self._finished: dict[str, int | None] = dict.fromkeys(state.finished)
         self._discovered = state.discovered
         self._signaled: set[int] = set()
+        self._removed: set[str] = set()  # removed upstream in this run: reports are stale
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._signaled.discard(reader_id)
         for split in info.reported_splits:
             self._take_reported(split, reader_id)
-        lost = [sid for sid, owner in self._owner.items() if owner == reader_id]
+        lost = self._owned_by.get(reader_id)
         if lost:
             raise SplitOwnershipError(
                 f"reader {reader_id} registered again without reporting splits the enumerator "
@@ -188,23 +191,22 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def add_splits_back(self, splits: Sequence[SplitT], reader_id: int) -> None:
         for split in splits:
             sid = split.split_id
-            if self._owner.get(sid, reader_id) != reader_id:
+            if self._rolls_back_with(sid, reader_id):
+                self._take_back(split, reader_id)
+            elif sid in self._owner:
                 raise SplitOwnershipError(
                     f"split {sid} was given back by reader {reader_id} but reader "
                     f"{self._owner[sid]} owns it",
                     split_ids=(sid,),
                 )
-            self._release(sid)
-            self._finished.discard(sid)
-            self._unassigned[sid] = split
-            self._preferred[sid] = reader_id
+            # else: removed upstream, or finished by another reader: nothing comes back
 
     def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
         if isinstance(event, SplitsFinishedEvent):
             for sid in event.split_ids:
                 if self._owner.get(sid) == reader_id:
                     self._release(sid)
-                    self._finished.add(sid)
+                    self._finished[sid] = reader_id
             self._maybe_signal_no_more_splits()
 
     def snapshot_state(self, checkpoint_id: int) -> AssignerState[SplitT]:
@@ -230,28 +232,52 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             self._unassigned.pop(sid, None)
             self._awaiting.pop(sid, None)
             self._preferred.pop(sid, None)
+            self._removed.add(sid)
         registered = self.context.registered_readers()
         for owner, sids in sorted(by_owner.items()):
             if owner in registered:
                 self.context.send_event_to_source_reader(owner, SplitsRemovedEvent(tuple(sids)))
 
     def _release(self, split_id: str) -> None:
-        self._owner.pop(split_id, None)
+        owner = self._owner.pop(split_id, None)
+        if owner is not None:
+            self._owned_by[owner].discard(split_id)
         self._assigned.pop(split_id, None)
 
     def _take_reported(self, split: SplitT, reader_id: int) -> None:
         sid = split.split_id
-        owner = self._owner.get(sid)
-        if owner is not None and owner != reader_id:
-            return  # another reader owns it now; this report is stale (FLIP-537 case 4)
         if sid in self._awaiting:  # global restore: the reader's state is the split's state
             del self._awaiting[sid]
-        self._release(sid)  # partial failover: the map says this reader owned it
-        self._finished.discard(sid)  # finished after the checkpoint the reader restored
+            self._take_back(split, reader_id)
+        elif self._rolls_back_with(sid, reader_id):  # partial failover
+            self._take_back(split, reader_id)
+        elif not (sid in self._owner or sid in self._finished or sid in self._removed):
+            self._take_back(split, reader_id)  # unknown to this enumerator: keep, lose nothing
+        # else: stale (FLIP-537 case 4): another reader owns or finished it, or it was
+        # removed upstream since the checkpoint the reader restored
+
+    def _rolls_back_with(self, split_id: str, reader_id: int) -> bool:
+        """Whether a failover of ``reader_id`` undoes its hold on ``split_id``.
+
+        True when the reader owns the split, or finished it: a reader that restarts from a
+        checkpoint still holding the split finished it after that checkpoint, so the finish
+        is undone with everything else the reader did since.
+        """
+        return self._owner.get(split_id) == reader_id or (
+            split_id in self._finished and self._finished[split_id] == reader_id
+        )
+
+    def _take_back(self, split: SplitT, reader_id: int) -> None:
+        """The enumerator owns ``split`` again; it goes back to ``reader_id`` if it can."""
+        sid = split.split_id
+        self._release(sid)
+        self._finished.pop(sid, None)
         self._unassigned.setdefault(sid, split)
         self._preferred[sid] = reader_id
 
-    def _handle_discovery(self, splits: Sequence[SplitT] | None, error: BaseException | None) -> None:
+    def _handle_discovery(
+        self, splits: Sequence[SplitT] | None, error: BaseException | None
+    ) -> None:
         if error is not None:
             self.on_discovery_error(error)
             return
@@ -278,8 +304,21 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             for sid, owner in self._owner.items():
                 if owner in loads:
                     loads[owner] += self.strategy.weight(self._assigned[sid])
-            pending = list(self._unassigned.values())
-            self._commit(self.strategy.assign(pending, loads, self._preferred))
+            # A partial failover gives splits back to the reader that had them (FLIP-537):
+            # that restores the assignment as it was, balanced. New splits go by strategy.
+            going_home: dict[int, list[SplitT]] = {}
+            fresh: list[SplitT] = []
+            for sid, split in self._unassigned.items():
+                home = self._preferred.get(sid)
+                if home is not None and home in loads:
+                    going_home.setdefault(home, []).append(split)
+                    loads[home] += self.strategy.weight(split)
+                else:
+                    fresh.append(split)
+            assignment = self.strategy.assign(fresh, loads)
+            for reader, splits in going_home.items():
+                assignment.setdefault(reader, []).extend(splits)
+            self._commit(assignment)
         self._maybe_signal_no_more_splits()
 
     def _finish_global_restore(self, readers: list[int]) -> None:
@@ -312,6 +351,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
                 del self._unassigned[sid]
                 self._preferred.pop(sid, None)
                 self._owner[sid] = reader
+                self._owned_by.setdefault(reader, set()).add(sid)
                 self._assigned[sid] = split
         self.context.assign_splits(assignment)
 

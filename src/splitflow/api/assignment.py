@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic
 
@@ -43,14 +44,12 @@ class AssignmentStrategy(ABC, Generic[SplitT]):
         self,
         splits: Sequence[SplitT],
         loads: Mapping[int, float],
-        preferred: Mapping[str, int] | None = None,
     ) -> Assignment[SplitT]:
         """Choose an owner for each of ``splits`` among the readers keyed in ``loads``.
 
-        ``loads`` is each candidate reader's current load (sum of weights it owns);
-        ``preferred`` names, by split id, a reader the split should go back to when that
-        does not unbalance (the reader that held it before a failover).
-        Returns only readers that get splits.
+        ``loads`` is each candidate reader's current load (sum of weights it owns).
+        Returns only readers that get splits. (Splits given back in a partial failover do
+        not come here: the enumerator returns them to the reader that had them.)
         """
 
     @abstractmethod
@@ -69,7 +68,7 @@ class AssignmentStrategy(ABC, Generic[SplitT]):
 
 
 class BalancedAssignment(AssignmentStrategy[SplitT]):
-    """Least-loaded reader first (ties: the preferred reader, then the lowest id).
+    """Least-loaded reader first (ties: the lowest id).
 
     ``weigh`` estimates a split's size (bytes, rows); without it, splits are counted.
 
@@ -94,9 +93,8 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
         self,
         splits: Sequence[SplitT],
         loads: Mapping[int, float],
-        preferred: Mapping[str, int] | None = None,
     ) -> Assignment[SplitT]:
-        return self._assign_least_loaded(splits, dict(loads), preferred or {})
+        return self._assign_least_loaded(splits, dict(loads))
 
     def redistribute(
         self,
@@ -106,19 +104,22 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
     ) -> Assignment[SplitT]:
         if not readers:
             return {}
-        # Keep what each reader holds, heaviest first, up to the average load; everything
-        # else goes to a pool that is dealt least-loaded-first. Every pool split lands on a
-        # reader whose load was the minimum, so max - min <= the largest weight (count: 1).
+        # Keep what each reader holds, heaviest first, up to the average load. Then deal the
+        # rest one split at a time, always to a least-loaded reader, so max - min <= the
+        # largest weight (count: 1). Among the least loaded, a reader that still has a split
+        # of its own left gets it back; otherwise it takes a split that must move anyway
+        # (unowned, or from a reader that is gone); only then one from the reader with the
+        # most left over. That moves a split only when balance requires it.
         live = set(readers)
         total = sum(self.weight(s) for s in itertools.chain(unowned, *held.values()))
         target = total / len(readers)
         loads = dict.fromkeys(readers, 0.0)
         result: Assignment[SplitT] = {r: [] for r in readers}
-        pool = list(unowned)
-        preferred: dict[str, int] = {}
+        homeless = list(unowned)
+        left: dict[int, deque[SplitT]] = {}
         for reader, splits in held.items():
             if reader not in live:
-                pool.extend(splits)
+                homeless.extend(splits)
                 continue
             for split in sorted(splits, key=self._heaviest_first):
                 w = self.weight(split)
@@ -126,17 +127,41 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
                     loads[reader] += w
                     result[reader].append(split)
                 else:
-                    pool.append(split)
-                    preferred[split.split_id] = reader
-        for reader, splits in self._assign_least_loaded(pool, loads, preferred).items():
-            result[reader].extend(splits)
+                    left.setdefault(reader, deque()).append(split)
+        homeless.sort(key=self._heaviest_first, reverse=True)  # pop() takes the heaviest
+
+        def key(reader: int) -> tuple[float, int, int]:
+            return (loads[reader], 0 if left.get(reader) else 1, reader)
+
+        def donor_key(reader: int) -> tuple[int, int]:
+            return (-len(left[reader]), reader)
+
+        takers = [key(r) for r in readers]
+        heapq.heapify(takers)
+        donors = [donor_key(r) for r in left]
+        heapq.heapify(donors)
+        for _ in range(len(homeless) + sum(len(ss) for ss in left.values())):
+            while takers[0] != key(takers[0][2]):  # stale: load or leftovers changed
+                heapq.heapreplace(takers, key(takers[0][2]))
+            reader = takers[0][2]
+            if left.get(reader):
+                split = left[reader].popleft()
+            elif homeless:
+                split = homeless.pop()
+            else:
+                while donors[0] != donor_key(donors[0][1]):
+                    heapq.heapreplace(donors, donor_key(donors[0][1]))
+                split = left[donors[0][1]].popleft()
+            loads[reader] += self.weight(split)
+            result[reader].append(split)
+            heapq.heapreplace(takers, key(reader))
         return {r: ss for r, ss in result.items() if ss}
 
     def _heaviest_first(self, split: SplitT) -> tuple[float, str]:
         return (-self.weight(split), split.split_id)
 
     def _assign_least_loaded(
-        self, splits: Sequence[SplitT], loads: dict[int, float], preferred: Mapping[str, int]
+        self, splits: Sequence[SplitT], loads: dict[int, float]
     ) -> Assignment[SplitT]:
         if not loads:
             return {}
@@ -146,10 +171,7 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
         for split in sorted(splits, key=self._heaviest_first):
             while heap[0][0] != loads[heap[0][1]]:  # stale entry: that load grew since
                 heapq.heappop(heap)
-            least, reader = heap[0]
-            wanted = preferred.get(split.split_id)
-            if wanted is not None and wanted in loads and loads[wanted] <= least + _EPSILON:
-                reader = wanted
+            reader = heap[0][1]
             loads[reader] += self.weight(split)
             heapq.heappush(heap, (loads[reader], reader))
             result.setdefault(reader, []).append(split)
@@ -157,7 +179,7 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
 
 
 class RoundRobinAssignment(AssignmentStrategy[SplitT]):
-    """Deal splits to readers in turn with one global counter; a give-back goes home once."""
+    """Deal splits to readers in turn with one global counter (Flink's dynamic Kafka source)."""
 
     def __init__(self) -> None:
         self._next = 0
@@ -166,19 +188,14 @@ class RoundRobinAssignment(AssignmentStrategy[SplitT]):
         self,
         splits: Sequence[SplitT],
         loads: Mapping[int, float],
-        preferred: Mapping[str, int] | None = None,
     ) -> Assignment[SplitT]:
         readers = sorted(loads)
         result: Assignment[SplitT] = {}
         if not readers:
             return result
         for split in splits:
-            wanted = (preferred or {}).get(split.split_id)
-            if wanted is not None and wanted in loads:
-                reader = wanted
-            else:
-                reader = readers[self._next % len(readers)]
-                self._next += 1
+            reader = readers[self._next % len(readers)]
+            self._next += 1
             result.setdefault(reader, []).append(split)
         return result
 
@@ -189,9 +206,7 @@ class RoundRobinAssignment(AssignmentStrategy[SplitT]):
         unowned: Sequence[SplitT] = (),
     ) -> Assignment[SplitT]:
         self._next = 0
-        everything = sorted(
-            itertools.chain(unowned, *held.values()), key=lambda s: s.split_id
-        )
+        everything = sorted(itertools.chain(unowned, *held.values()), key=lambda s: s.split_id)
         return self.assign(everything, dict.fromkeys(readers, 0.0))
 
 
@@ -232,7 +247,6 @@ class HashAssignment(AssignmentStrategy[SplitT]):
         self,
         splits: Sequence[SplitT],
         loads: Mapping[int, float],
-        preferred: Mapping[str, int] | None = None,
     ) -> Assignment[SplitT]:
         readers = sorted(loads)
         result: Assignment[SplitT] = {}
@@ -248,4 +262,6 @@ class HashAssignment(AssignmentStrategy[SplitT]):
         readers: Sequence[int],
         unowned: Sequence[SplitT] = (),
     ) -> Assignment[SplitT]:
-        return self.assign(list(itertools.chain(unowned, *held.values())), dict.fromkeys(readers, 0.0))
+        return self.assign(
+            list(itertools.chain(unowned, *held.values())), dict.fromkeys(readers, 0.0)
+        )

@@ -98,7 +98,7 @@ class SplitEnumeratorContext(Protocol[SplitT]):
     def metrics(self) -> MetricGroup: ...
 
     def registered_readers(self) -> Mapping[int, ReaderInfo[SplitT]]:
-        """The readers registered now, by id, with the splits each reported."""
+        """The readers registered now, by id, with the splits each reported (a read-only view)."""
         ...
 
     def assign_splits(self, assignment: Mapping[int, Sequence[SplitT]]) -> None:
@@ -160,7 +160,7 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
     cause of :class:`~splitflow.errors.SourceFailedError`.
     """
 
-    def start(self) -> None:  # noqa: B027 - optional hook
+    def start(self) -> None:
         """Start discovery (e.g. schedule a periodic ``call_async``)."""
 
     @abstractmethod
@@ -172,7 +172,7 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         Ordering: a reader's reported splits (FLIP-537) are known only from this call on.
         """
 
-    def handle_split_request(self, reader_id: int, host: str | None) -> None:  # noqa: B027
+    def handle_split_request(self, reader_id: int, host: str | None) -> None:
         """A reader asked for work (pull-based sources, e.g. files). Default: ignore."""
 
     @abstractmethod
@@ -185,7 +185,7 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         them as never assigned and assign them again.
         """
 
-    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:  # noqa: B027
+    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
         """A reader sent a custom event. Default: ignore."""
 
     @abstractmethod
@@ -198,7 +198,7 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         to the enumerator and MUST be in this state, or they are lost on restore.
         """
 
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed (the runtime persisted it)."""
 
     def latest_positions(self, splits: Sequence[SplitT]) -> Mapping[str, SplitExtent]:
@@ -212,7 +212,7 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         """
         return {}
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Release resources. No other method is called after this."""
 
 

@@ -65,7 +65,7 @@ class SourceReader(ABC, Generic[RecordT, SplitT]):
     Lifecycle: ``start`` first, ``close`` last; ``snapshot_state`` only between them.
     """
 
-    def start(self) -> None:  # noqa: B027 - optional hook
+    def start(self) -> None:
         """Open resources. Splits may be added before or after."""
 
     @abstractmethod
@@ -84,11 +84,14 @@ class SourceReader(ABC, Generic[RecordT, SplitT]):
         """The splits this reader owns, each at the first position not yet emitted.
 
         Guarantees: restoring these splits resumes right after the last record emitted
-        before this call; finished splits are not included.
+        before this call. Splits that ended are not included; a split that only reached
+        its slice's stop is included, at its stop.
         """
 
     @abstractmethod
-    def add_splits(self, splits: Sequence[SplitT], stop_at: Mapping[str, int] | None = None) -> None:
+    def add_splits(
+        self, splits: Sequence[SplitT], stop_at: Mapping[str, int] | None = None
+    ) -> None:
         """Take ownership of ``splits`` and read each from its ``position``.
 
         ``stop_at`` bounds a split to the slice ``[position, stop)``: the reader emits no
@@ -101,11 +104,14 @@ class SourceReader(ABC, Generic[RecordT, SplitT]):
     def notify_no_more_splits(self) -> None:
         """No split will be added any more: at the end of the current splits, input ends."""
 
-    def handle_source_event(self, event: SourceEvent) -> None:  # noqa: B027
+    def handle_source_event(self, event: SourceEvent) -> None:
         """A custom event from the enumerator. Default: ignore."""
 
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+    def wake_up(self) -> None:
+        """Make a running or the next ``wait_available`` return now. Called by: any thread."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """A checkpoint that included this reader's snapshot completed."""
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Release resources (stop fetch threads, close connections)."""

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
 from splitflow.api.enumerator import (
@@ -107,7 +108,9 @@ class CoordinatorContext(Generic[SplitT]):
         return self._coordinator.reports_splits_on_registration
 
     def registered_readers(self) -> Mapping[int, ReaderInfo[SplitT]]:
-        return dict(self.readers)
+        # A read-only view, not a copy: O(1) per call, so R registrations cost O(R), not
+        # O(R^2). Safe: readers change only on the coordinator thread, between enumerator calls.
+        return MappingProxyType(self.readers)
 
     def assign_splits(self, assignment: Mapping[int, Sequence[SplitT]]) -> None:
         seen: set[str] = set()
@@ -174,14 +177,16 @@ class CoordinatorContext(Generic[SplitT]):
                 return
             if not self._coordinator.guard(lambda: handler(result, error)):
                 return
-            if period is not None and not call.cancelled:
+            if period is None:
+                self._coordinator.periodic_calls.discard(call)  # a one-off is done
+            elif not call.cancelled:
                 call.timer = scheduler.schedule(period, lambda: scheduler.run_on_worker(run))
 
         if initial_delay > 0:
             call.timer = scheduler.schedule(initial_delay, lambda: scheduler.run_on_worker(run))
         else:
             scheduler.run_on_worker(run)
-        self._coordinator.periodic_calls.append(call)
+        self._coordinator.periodic_calls.add(call)
         return call
 
     def run_in_coordinator_thread(self, fn: Callable[[], None]) -> None:
@@ -230,7 +235,7 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
         )
         self.tracker: SplitAssignmentTracker[SplitT] = SplitAssignmentTracker()
         self.context: CoordinatorContext[SplitT] = CoordinatorContext(self)
-        self.periodic_calls: list[_PeriodicCall] = []
+        self.periodic_calls: set[_PeriodicCall] = set()  # scheduled calls, cancelled on close
         self._restored_state = restored_state
         self._enumerator: SplitEnumerator[SplitT, EnumStateT] | None = None
         self._on_failure = on_failure
@@ -270,10 +275,16 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
         for call in self.periodic_calls:
             call.cancel()
         if self._on_failure is not None:
-            self._on_failure(exc)
+            try:
+                self._on_failure(exc)
+            except Exception:
+                log.exception("the on_failure callback raised")
 
     def _submit(self, fn: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
+        if self._closed:  # the scheduler is shut down: nothing queued now would ever run
+            future.set_exception(SourceFailedError("the source coordinator is closed"))
+            return future
 
         def task() -> None:
             if self._failure is not None:
@@ -322,25 +333,33 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
 
     def close(self) -> None:
         """Close the enumerator and stop all threads. Idempotent; never raises."""
-        done = threading.Event()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # from now on nothing new is queued
+        for call in list(self.periodic_calls):
+            call.cancel()
 
-        def close() -> None:
+        def close_enumerator() -> None:
             try:
-                if self._enumerator is not None and not self._closed:
+                if self._enumerator is not None:
                     self._enumerator.close()
             except Exception:
                 log.exception("closing the split enumerator failed")
-            finally:
-                self._closed = True
+
+        scheduler = self.scheduler
+        if isinstance(scheduler, ThreadedScheduler) and not scheduler.in_coordinator_thread():
+            done = threading.Event()
+
+            def close_and_signal() -> None:
+                close_enumerator()
                 done.set()
 
-        for call in self.periodic_calls:
-            call.cancel()
-        self.scheduler.run_on_coordinator(close)
-        if isinstance(self.scheduler, ThreadedScheduler):
+            scheduler.run_on_coordinator(close_and_signal)
             done.wait(timeout=10)
-        self.scheduler.shutdown()
-        self._closed = True
+        else:  # on the coordinator thread already (ManualScheduler, or called from a handler)
+            close_enumerator()
+        scheduler.shutdown()
 
     # -- readers --------------------------------------------------------------------------
 
@@ -430,7 +449,8 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
                 raise CheckpointDeclinedError(
                     f"checkpoint {checkpoint_id} declined: readers {missing} are not registered"
                 )
-            self._held = []
+            if self._held is None:  # a second checkpoint before release keeps what is held
+                self._held = []
             self.tracker.on_checkpoint(checkpoint_id)
             return self.enumerator.snapshot_state(checkpoint_id)
 

@@ -46,11 +46,20 @@ class ThreadedScheduler:
     """A real coordinator thread, a worker pool and timer threads."""
 
     def __init__(self, name: str = "splitflow", workers: int = 2) -> None:
-        self._coordinator = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-coordinator")
+        self._coordinator_ident: int | None = None
+        self._coordinator = ThreadPoolExecutor(
+            1, thread_name_prefix=f"{name}-coordinator", initializer=self._remember_thread
+        )
         self._workers = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-worker")
         self._timers: set[threading.Timer] = set()
         self._lock = threading.Lock()
         self._closed = False
+
+    def _remember_thread(self) -> None:
+        self._coordinator_ident = threading.get_ident()
+
+    def in_coordinator_thread(self) -> bool:
+        return threading.get_ident() == self._coordinator_ident
 
     def run_on_coordinator(self, task: Task) -> None:
         if not self._closed:
@@ -72,7 +81,9 @@ class ThreadedScheduler:
 
     def _fire(self, task: Task) -> None:
         with self._lock:
-            self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
+            self._timers = {
+                t for t in self._timers if t.is_alive() and t is not threading.current_thread()
+            }
         if not self._closed:
             task()
 

@@ -77,7 +77,9 @@ class _ContractBase:
         duplicates = count_duplicates(keys)
         assert not duplicates, f"records read more than once: {list(duplicates)[:5]}"
         missing = {self.record_key(r) for r in expected} - set(keys)
-        assert not missing, f"{len(missing)} records never read, e.g. {sorted(map(repr, missing))[:5]}"
+        assert not missing, (
+            f"{len(missing)} records never read, e.g. {sorted(map(repr, missing))[:5]}"
+        )
         assert len(keys) == len(expected), f"read {len(keys)} records, expected {len(expected)}"
 
     def finish(self, harness: SourceHarness[Any, Any, Any]) -> list[Any]:
@@ -249,7 +251,9 @@ class SourceReaderContract(_ContractBase):
         finished = {
             sid for e in context.events if isinstance(e, SplitsFinishedEvent) for sid in e.split_ids
         }
-        assert not finished & halted, f"splits stopped by plan reported finished: {finished & halted}"
+        assert not finished & halted, (
+            f"splits stopped by plan reported finished: {finished & halted}"
+        )
         # Reading on from the snapshot completes the data, exactly once.
         rest_context = _RecordingReaderContext()
         rest = source.create_reader(rest_context)

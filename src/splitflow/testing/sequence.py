@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
 from splitflow.api.assignment import AssignmentStrategy
@@ -19,6 +19,7 @@ from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, Sp
 from splitflow.api.reader import SourceReader, SourceReaderContext
 from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
 from splitflow.api.split import Codec, DataclassCodec
+from splitflow.errors import ConfigurationError
 
 SequenceRecord = tuple[str, int]
 
@@ -43,8 +44,11 @@ class SequenceCatalog:
     refers to one stays small and picklable (readers in the same process find it again).
     """
 
-    _registry: weakref.WeakValueDictionary[str, SequenceCatalog] = weakref.WeakValueDictionary()
-    _counter = 0
+    _registry: ClassVar[weakref.WeakValueDictionary[str, SequenceCatalog]] = (
+        weakref.WeakValueDictionary()
+    )
+    _counter: ClassVar[int] = 0
+    _class_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, splits: Mapping[str, int] | None = None) -> None:
         self._lock = threading.Lock()
@@ -54,8 +58,6 @@ class SequenceCatalog:
             SequenceCatalog._counter += 1
             self.key = f"catalog-{SequenceCatalog._counter}"
         SequenceCatalog._registry[self.key] = self
-
-    _class_lock = threading.Lock()
 
     @classmethod
     def named(cls, key: str) -> SequenceCatalog:
@@ -86,6 +88,13 @@ class SequenceCatalog:
     def is_sealed(self, name: str) -> bool:
         with self._lock:
             return name in self._sealed
+
+    def extent(self, name: str) -> tuple[int, bool] | None:
+        """``(length, sealed)`` of split ``name``, read atomically; None if it vanished."""
+        with self._lock:
+            if name not in self._lengths:
+                return None
+            return self._lengths[name], name in self._sealed
 
     def length(self, name: str) -> int | None:
         with self._lock:
@@ -125,11 +134,13 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
     def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
         result = {}
         for split in splits:
-            length = self._source.catalog.length(split.name)
+            extent = self._source.catalog.extent(split.name)
+            if extent is None:
+                continue  # vanished: nothing can be planned for it
+            length, sealed = extent
             if split.end is not None:
                 result[split.split_id] = SplitExtent(split.end, final=True)
-            elif length is not None:
-                sealed = self._source.catalog.is_sealed(split.name)
+            else:
                 result[split.split_id] = SplitExtent(length, final=sealed)
         return result
 
@@ -154,6 +165,10 @@ class SequenceSource(
         strategy: str = "balanced",
         fetch_size: int = 100,
     ) -> None:
+        if fetch_size < 1:
+            raise ConfigurationError(
+                f"fetch_size must be at least 1, got {fetch_size}", option="fetch_size"
+            )
         self.catalog_key = catalog.key
         self.bounded = bounded
         self.discovery_interval = discovery_interval

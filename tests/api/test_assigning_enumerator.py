@@ -1,0 +1,477 @@
+"""AssigningSplitEnumerator driven through a SourceCoordinator on a ManualScheduler.
+
+The enumerator discovers splits from a :class:`Catalog` the test edits; discovery runs on
+the scheduler's virtual clock, and a recording gateway shows what each reader was sent.
+(The FLIP-537 loss scenarios live in their own tests.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tests.coordinator.helpers import (
+    FakeSource,
+    Harness,
+    ReassigningFakeSource,
+    Split,
+    make_harness,
+)
+
+from splitflow.api.assigner import AssignerState, AssigningSplitEnumerator
+from splitflow.api.events import SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.coordinator import AddSplits, NoMoreSplits, ReaderEvent
+from splitflow.errors import ConnectorError, ContractViolation, SourceFailedError
+
+
+class Catalog:
+    """The external system: the splits that exist now. ``error`` makes discovery fail."""
+
+    def __init__(self, *splits: Split) -> None:
+        self.splits = {s.split_id: s for s in splits}
+        self.discoveries = 0
+        self.error: Exception | None = None
+
+    def add(self, *splits: Split) -> None:
+        self.splits.update((s.split_id, s) for s in splits)
+
+    def remove(self, *split_ids: str) -> None:
+        for sid in split_ids:
+            del self.splits[sid]
+
+
+class CatalogEnumerator(AssigningSplitEnumerator[Split]):
+    def __init__(self, context: Any, catalog: Catalog, **options: Any) -> None:
+        super().__init__(context, **options)
+        self.catalog = catalog
+
+    def discover_splits(self) -> Sequence[Split]:
+        self.catalog.discoveries += 1
+        if self.catalog.error is not None:
+            raise self.catalog.error
+        return list(self.catalog.splits.values())
+
+
+def make(
+    catalog: Catalog,
+    parallelism: int = 2,
+    *,
+    interval: float | None = None,
+    state: AssignerState[Split] | None = None,
+    source_type: type[FakeSource] = ReassigningFakeSource,
+    start: bool = True,
+) -> Harness:
+    source = source_type(
+        lambda ctx, restored: CatalogEnumerator(
+            ctx, catalog, discovery_interval=interval, state=restored
+        )
+    )
+    return make_harness(source, parallelism, restored_state=state, start=start)
+
+
+def register(h: Harness, *readers: int) -> None:
+    for reader in readers:
+        h.run(h.coordinator.register_reader(reader, f"host-{reader}"))
+
+
+def snapshot(h: Harness, checkpoint_id: int = 1) -> AssignerState[Split]:
+    """The enumerator's snapshot, taken on the coordinator thread even while readers are
+    missing (a coordinator checkpoint would be declined then)."""
+    return h.run(h.coordinator.run(lambda e: e.snapshot_state(checkpoint_id)))
+
+
+def added(h: Harness) -> dict[int, list[str]]:
+    return {r: h.gateway.added_ids(r) for r in range(h.coordinator.parallelism)}
+
+
+def S(sid: str, position: int = 0) -> Split:
+    return Split(sid, position)
+
+
+# -- waiting for readers ------------------------------------------------------------------
+
+
+def test_splits_are_assigned_only_once_every_reader_registered() -> None:
+    h = make(Catalog(S("a"), S("b"), S("c"), S("d"), S("e")), parallelism=3)
+    register(h, 0, 1)
+    assert h.gateway.sent == []
+    assert h.enumerator.owners() == {}
+
+    register(h, 2)
+
+    assert added(h) == {0: ["a", "d"], 1: ["b", "e"], 2: ["c"]}
+    assert h.enumerator.owners() == {"a": 0, "b": 1, "c": 2, "d": 0, "e": 1}
+    assert h.enumerator.unassigned_splits() == []
+
+
+def test_each_reader_gets_its_splits_in_one_message() -> None:
+    h = make(Catalog(S("a"), S("b"), S("c")), parallelism=2, interval=10.0)
+    register(h, 0, 1)
+    assert h.gateway.sent == [
+        (0, AddSplits((S("a"), S("c")))),
+        (1, AddSplits((S("b"),))),
+    ]
+
+
+def test_discovery_that_completes_after_registration_assigns_at_once() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=2, start=False)
+    c = h.coordinator
+    futures = [c.start(), c.register_reader(0), c.register_reader(1)]  # all before discovery
+
+    h.scheduler.run_until_idle()
+
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert catalog.discoveries == 1
+    assert added(h) == {0: ["a"], 1: ["b"]}
+
+
+def test_new_splits_wait_while_a_failed_reader_has_not_registered_again() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=2, interval=10.0)
+    register(h, 0, 1)  # a -> 0, b -> 1
+    h.run(h.coordinator.checkpoint(1))
+    h.run(h.coordinator.release_held_messages())
+    h.run(h.coordinator.notify_checkpoint_complete(1))
+    h.run(h.coordinator.reader_failed(1, 1))  # "b" was checkpointed: nothing given back
+    h.gateway.clear()
+    catalog.add(S("c"))
+
+    h.scheduler.advance(10.0)
+    assert h.gateway.sent == []
+    assert h.enumerator.unassigned_splits() == [S("c")]
+
+    # Reader 1 restored "b" (at 4) from checkpoint 1 and reports it (FLIP-537).
+    h.run(h.coordinator.register_reader(1, reported_splits=[S("b", 4)]))
+
+    assert h.gateway.sent == [(0, AddSplits((S("c"),))), (1, AddSplits((S("b", 4),)))]
+    assert h.enumerator.owners() == {"a": 0, "b": 1, "c": 0}
+
+
+# -- periodic and one-off discovery -------------------------------------------------------
+
+
+def test_periodic_discovery_assigns_new_splits_on_the_next_tick() -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=2, interval=10.0)
+    register(h, 0, 1)
+    assert added(h) == {0: ["a"], 1: []}
+
+    h.scheduler.advance(3.0)
+    catalog.add(S("b"))
+    h.scheduler.advance(6.9)  # t = 9.9
+    assert added(h) == {0: ["a"], 1: []}
+
+    h.scheduler.advance(0.1)  # t = 10: second discovery
+    assert added(h) == {0: ["a"], 1: ["b"]}
+
+    catalog.add(S("c"))
+    h.scheduler.advance(10.0)  # t = 20: tie between the readers goes to the lowest id
+    assert added(h) == {0: ["a", "c"], 1: ["b"]}
+    assert catalog.discoveries == 3
+
+
+def test_periodic_discovery_does_not_assign_a_known_split_again() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=2, interval=1.0)
+    register(h, 0, 1)
+
+    h.scheduler.advance(5.0)
+
+    assert catalog.discoveries == 6
+    assert added(h) == {0: ["a"], 1: ["b"]}
+
+
+def test_one_off_discovery_runs_once() -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1)
+    register(h, 0)
+    catalog.add(S("late"))
+
+    h.scheduler.advance(1000.0)
+
+    assert catalog.discoveries == 1
+    assert added(h) == {0: ["a"]}
+
+
+def test_failed_discovery_fails_the_source_with_a_connector_error() -> None:
+    catalog = Catalog(S("a"))
+    catalog.error = OSError("broker unreachable")
+    h = make(catalog, parallelism=1)
+
+    exc = h.fail(h.coordinator.register_reader(0))
+
+    assert isinstance(exc, SourceFailedError)
+    assert isinstance(exc.__cause__, ConnectorError)
+    assert exc.__cause__.__cause__ is catalog.error
+    assert "broker unreachable" in str(exc.__cause__)
+
+
+# -- vanished splits ----------------------------------------------------------------------
+
+
+def test_vanished_split_is_removed_and_its_owner_told() -> None:
+    catalog = Catalog(S("a"), S("b"), S("c"))
+    h = make(catalog, parallelism=2, interval=10.0)
+    register(h, 0, 1)  # a, c -> 0; b -> 1
+    catalog.remove("a", "c")
+
+    h.scheduler.advance(10.0)
+
+    assert h.gateway.events(0) == [SplitsRemovedEvent(("a", "c"))]
+    assert h.gateway.events(1) == []
+    assert h.enumerator.owners() == {"b": 1}
+    assert snapshot(h).assigned == {"b": 1}
+
+
+def test_vanished_unassigned_split_is_dropped_without_telling_anyone() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=2, interval=10.0)
+    register(h, 0)
+    catalog.remove("b")
+
+    h.scheduler.advance(10.0)
+    assert h.gateway.sent == []
+    assert h.enumerator.unassigned_splits() == [S("a")]
+
+    register(h, 1)
+    assert added(h) == {0: ["a"], 1: []}
+
+
+def test_vanished_split_reappearing_later_is_a_new_split() -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    catalog.remove("a")
+    h.scheduler.advance(10.0)
+    catalog.add(S("a", 0))
+
+    h.scheduler.advance(10.0)
+
+    assert h.gateway.messages(0) == [
+        AddSplits((S("a"),)),
+        ReaderEvent(SplitsRemovedEvent(("a",))),
+        AddSplits((S("a"),)),
+    ]
+
+
+def test_split_removed_upstream_is_not_brought_back_by_its_owners_failure() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    catalog.remove("a")
+    h.scheduler.advance(10.0)  # "a" removed, reader 0 told
+    h.gateway.clear()
+
+    h.run(h.coordinator.reader_failed(0, None))  # "a" and "b" were never checkpointed
+    register(h, 0)
+
+    assert h.gateway.added_ids(0) == ["b"]
+
+
+# -- bounded, one-off discovery: no more splits -------------------------------------------
+
+
+def test_one_off_discovery_signals_no_more_splits_once_to_each_reader_after_its_splits() -> None:
+    h = make(Catalog(S("a"), S("b"), S("c")), parallelism=2)
+    register(h, 0, 1)
+    h.run(h.coordinator.handle_source_event(0, SplitsFinishedEvent(("a",))))
+    h.scheduler.advance(100.0)
+
+    assert h.gateway.messages(0) == [AddSplits((S("a"), S("c"))), NoMoreSplits()]
+    assert h.gateway.messages(1) == [AddSplits((S("b"),)), NoMoreSplits()]
+
+
+def test_no_more_splits_is_not_signalled_before_every_reader_registered() -> None:
+    h = make(Catalog(), parallelism=2)
+    register(h, 0)
+    assert h.gateway.sent == []
+
+    register(h, 1)
+    assert h.gateway.sent == [(0, NoMoreSplits()), (1, NoMoreSplits())]
+
+
+def test_no_more_splits_is_signalled_again_once_per_registration_after_a_failover() -> None:
+    h = make(Catalog(S("a"), S("b")), parallelism=2)
+    register(h, 0, 1)
+
+    h.run(h.coordinator.reader_failed(1, None))  # "b" was never checkpointed: given back
+    register(h, 1)
+
+    assert h.gateway.messages(1) == [
+        AddSplits((S("b"),)),
+        NoMoreSplits(),
+        AddSplits((S("b"),)),
+        NoMoreSplits(),
+    ]
+    assert h.gateway.no_more_splits_count(0) == 1
+    assert h.coordinator.failure is None
+
+
+def test_periodic_discovery_never_signals_no_more_splits() -> None:
+    h = make(Catalog(S("a")), parallelism=1, interval=5.0)
+    register(h, 0)
+    h.scheduler.advance(50.0)
+    assert h.gateway.no_more_splits_count(0) == 0
+
+
+# -- finished splits ----------------------------------------------------------------------
+
+
+def test_finished_split_is_released_and_never_assigned_again() -> None:
+    catalog = Catalog(S("a"), S("b"))
+    h = make(catalog, parallelism=2, interval=10.0)
+    register(h, 0, 1)
+
+    h.run(h.coordinator.handle_source_event(0, SplitsFinishedEvent(("a",))))
+    h.scheduler.advance(30.0)  # "a" is still discovered three more times
+
+    assert h.enumerator.finished_splits() == frozenset({"a"})
+    assert h.enumerator.owners() == {"b": 1}
+    assert added(h) == {0: ["a"], 1: ["b"]}
+    state = snapshot(h)
+    assert state.finished == frozenset({"a"})
+    assert state.assigned == {"b": 1}
+    assert state.unassigned == ()
+
+
+def test_finished_split_is_not_given_to_another_reader_after_its_owner_fails() -> None:
+    h = make(Catalog(S("a"), S("b")), parallelism=2, interval=10.0)
+    register(h, 0, 1)
+    h.run(h.coordinator.checkpoint(1))
+    h.run(h.coordinator.release_held_messages())
+    h.run(h.coordinator.notify_checkpoint_complete(1))
+    h.run(h.coordinator.handle_source_event(0, SplitsFinishedEvent(("a",))))
+
+    h.run(h.coordinator.reader_failed(1, 1))
+    h.run(h.coordinator.register_reader(1, reported_splits=[S("b", 3)]))
+    h.scheduler.advance(10.0)
+
+    assert h.gateway.added_ids(1) == ["b", "b"]
+    assert h.enumerator.owners() == {"b": 1}
+    assert h.enumerator.finished_splits() == frozenset({"a"})
+    assert h.coordinator.failure is None
+
+
+def test_finished_split_that_vanishes_is_not_reported_as_removed() -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    h.run(h.coordinator.handle_source_event(0, SplitsFinishedEvent(("a",))))
+    catalog.remove("a")
+
+    h.scheduler.advance(10.0)
+
+    assert h.gateway.events(0) == []
+
+
+def test_finish_reported_by_a_reader_that_does_not_own_the_split_is_ignored() -> None:
+    h = make(Catalog(S("a"), S("b")), parallelism=2, interval=10.0)
+    register(h, 0, 1)
+
+    h.run(h.coordinator.handle_source_event(1, SplitsFinishedEvent(("a",))))
+
+    assert h.enumerator.finished_splits() == frozenset()
+    assert h.enumerator.owners() == {"a": 0, "b": 1}
+
+
+# -- snapshots ----------------------------------------------------------------------------
+
+
+def test_snapshot_before_the_first_discovery_is_empty_and_not_discovered() -> None:
+    h = make(Catalog(S("a")), parallelism=1, start=False)
+    started = h.coordinator.start()
+    state = h.coordinator.run(lambda e: e.snapshot_state(1))  # queued before discovery runs
+
+    h.scheduler.run_until_idle()
+
+    assert started.exception() is None
+    assert state.result() == AssignerState()
+
+
+def test_snapshot_holds_unassigned_splits_with_their_positions() -> None:
+    h = make(Catalog(S("a", 5), S("b", 9), S("c")), parallelism=2)
+    register(h, 0)
+
+    state = snapshot(h)
+
+    assert state.unassigned == (S("a", 5), S("b", 9), S("c", 0))
+    assert state.assigned == {}
+    assert state.discovered is True
+
+
+def test_snapshot_holds_only_the_ids_and_owners_of_assigned_splits() -> None:
+    h = make(Catalog(S("a", 5), S("b", 9), S("c")), parallelism=2)
+    register(h, 0, 1)
+
+    state = h.run(h.coordinator.checkpoint(2))
+
+    assert state == AssignerState(
+        unassigned=(),
+        assigned={"a": 0, "b": 1, "c": 0},
+        finished=frozenset(),
+        discovered=True,
+    )
+
+
+def test_snapshot_holds_given_back_splits_as_unassigned_with_their_positions() -> None:
+    h = make(Catalog(S("a", 5), S("b", 9)), parallelism=2)
+    register(h, 0, 1)
+
+    h.run(h.coordinator.reader_failed(1, None))
+    state = snapshot(h)
+
+    assert state.unassigned == (S("b", 9),)
+    assert state.assigned == {"a": 0}
+
+
+def test_snapshot_holds_reported_splits_with_the_positions_readers_reported() -> None:
+    h = make(Catalog(S("a")), parallelism=2)
+
+    # Reader 1 restarted from a checkpoint holding "z" at 77 and reports it; reader 0 has
+    # not registered yet, so nothing is assigned and the enumerator owns "z".
+    h.run(h.coordinator.register_reader(1, reported_splits=[S("z", 77)]))
+    state = snapshot(h)
+
+    assert state.unassigned == (S("a"), S("z", 77))
+    assert state.assigned == {}
+
+
+# -- restore ------------------------------------------------------------------------------
+
+
+def test_restored_unassigned_splits_keep_their_positions_when_discovered_again() -> None:
+    catalog = Catalog(S("a", 0), S("b", 0))
+    restored = AssignerState(unassigned=(S("a", 40),), discovered=True)
+    h = make(catalog, parallelism=1, state=restored)
+
+    register(h, 0)
+
+    assert h.gateway.messages(0) == [AddSplits((S("a", 40), S("b", 0))), NoMoreSplits()]
+
+
+def test_restored_finished_splits_are_never_assigned() -> None:
+    restored = AssignerState(finished=frozenset({"a"}), discovered=True)
+    h = make(Catalog(S("a"), S("b")), parallelism=1, state=restored)
+
+    register(h, 0)
+
+    assert added(h) == {0: ["b"]}
+
+
+def test_restoring_reader_ownership_needs_the_mixin() -> None:
+    restored = AssignerState(assigned={"a": 0}, discovered=True)
+    h = make(Catalog(S("a")), parallelism=1, state=restored, source_type=FakeSource, start=False)
+
+    exc = h.fail(h.coordinator.start())
+
+    assert isinstance(exc.__cause__, ContractViolation)
+    assert "SupportsSplitReassignmentOnRecovery" in str(exc.__cause__)
+
+
+def test_assigning_enumerator_for_a_source_without_the_mixin_is_refused_at_start() -> None:
+    h = make(Catalog(S("a")), parallelism=1, source_type=FakeSource, start=False)
+
+    exc = h.fail(h.coordinator.start())
+
+    assert isinstance(exc.__cause__, ContractViolation)

@@ -1,0 +1,317 @@
+"""Splits, split state, codecs, and the source checkpoint's versioned JSON form."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from splitflow.api.assigner import AssignerState, AssignerStateCodec
+from splitflow.api.events import SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.reader import SourceReader, SourceReaderContext
+from splitflow.api.source import Boundedness, Source
+from splitflow.api.split import Codec, DataclassCodec, SplitState, with_position
+from splitflow.coordinator import Checkpoint
+from splitflow.errors import ContractViolation, IncompatibleCheckpointError
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    path: str
+    ranges: tuple[tuple[int, int], ...] = ()
+    tags: tuple[str, ...] = ()
+    end: int | None = None
+    position: int = 0
+
+    @property
+    def split_id(self) -> str:
+        return self.path
+
+
+class FileSource(Source[Any, FileSplit, AssignerState[FileSplit]]):
+    """Only the codecs are used; ``split_version`` sets the split codec's version."""
+
+    def __init__(self, split_version: int = 1) -> None:
+        self.split_version = split_version
+
+    @property
+    def boundedness(self) -> Boundedness:
+        return Boundedness.BOUNDED
+
+    def create_enumerator(self, context: Any) -> Any:
+        raise NotImplementedError
+
+    def restore_enumerator(self, context: Any, state: Any) -> Any:
+        raise NotImplementedError
+
+    def create_reader(self, context: SourceReaderContext) -> SourceReader[Any, FileSplit]:
+        raise NotImplementedError
+
+    @property
+    def split_codec(self) -> Codec[FileSplit]:
+        return DataclassCodec(FileSplit, version=self.split_version)
+
+    @property
+    def enumerator_state_codec(self) -> Codec[AssignerState[FileSplit]]:
+        return AssignerStateCodec(self.split_codec)
+
+
+A = FileSplit("/data/a", ranges=((0, 10), (20, 30)), tags=("hot", "eu"), end=30, position=7)
+B = FileSplit("/data/b", position=3)
+
+
+# -- DataclassCodec -----------------------------------------------------------------------
+
+
+def test_dataclass_codec_encodes_fields_as_json_primitives_with_tuples_as_lists() -> None:
+    assert DataclassCodec(FileSplit).encode(A) == {
+        "path": "/data/a",
+        "ranges": [[0, 10], [20, 30]],
+        "tags": ["hot", "eu"],
+        "end": 30,
+        "position": 7,
+    }
+
+
+@pytest.mark.parametrize("split", [A, B, FileSplit("", end=None, position=0)])
+def test_dataclass_codec_roundtrips_through_json(split: FileSplit) -> None:
+    codec = DataclassCodec(FileSplit)
+    text = json.dumps(codec.encode(split))
+    decoded = codec.decode(json.loads(text), version=1)
+    assert decoded == split
+    assert isinstance(decoded.ranges, tuple)
+    assert all(isinstance(r, tuple) for r in decoded.ranges)
+
+
+def test_dataclass_codec_is_deterministic() -> None:
+    codec = DataclassCodec(FileSplit)
+    same = FileSplit("/data/a", ranges=((0, 10), (20, 30)), tags=("hot", "eu"), end=30, position=7)
+    assert json.dumps(codec.encode(A)) == json.dumps(codec.encode(same))
+
+
+def test_dataclass_codec_leaves_out_fields_that_are_not_init_arguments() -> None:
+    @dataclass(frozen=True)
+    class WithDerived:
+        name: str
+        position: int = 0
+        cached: int = field(default=0, init=False)
+
+    codec = DataclassCodec(WithDerived)
+    assert codec.encode(WithDerived("x", 4)) == {"name": "x", "position": 4}
+    assert codec.decode({"name": "x", "position": 4}, 1) == WithDerived("x", 4)
+
+
+def test_dataclass_codec_reports_its_version() -> None:
+    assert DataclassCodec(FileSplit).version == 1
+    assert DataclassCodec(FileSplit, version=3).version == 3
+
+
+def test_dataclass_codec_reads_its_own_version() -> None:
+    codec = DataclassCodec(FileSplit, version=3)
+    assert codec.decode(codec.encode(B), version=3) == B
+
+
+@pytest.mark.parametrize(("written", "reads"), [(2, 1), (1, 2), (0, 1)])
+def test_dataclass_codec_refuses_another_version(written: int, reads: int) -> None:
+    codec = DataclassCodec(FileSplit, version=reads)
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        codec.decode(codec.encode(B), version=written)
+    assert info.value.found == written
+    assert info.value.expected == reads
+    assert str(info.value) == (
+        f"FileSplit codec: found version {written}, this splitflow reads {reads}"
+    )
+
+
+def test_dataclass_codec_needs_a_dataclass() -> None:
+    class NotADataclass:
+        pass
+
+    with pytest.raises(ContractViolation, match="DataclassCodec needs a dataclass"):
+        DataclassCodec(NotADataclass)
+
+
+# -- with_position and SplitState ---------------------------------------------------------
+
+
+def test_with_position_returns_a_moved_copy_and_leaves_the_split_alone() -> None:
+    moved = with_position(A, 42)
+    assert moved == FileSplit(A.path, A.ranges, A.tags, A.end, position=42)
+    assert A.position == 7
+    assert type(moved) is FileSplit
+
+
+def test_with_position_refuses_a_split_that_is_not_a_dataclass_instance() -> None:
+    class Plain:
+        split_id = "p"
+        position = 0
+
+    with pytest.raises(ContractViolation, match="is not a dataclass instance"):
+        with_position(Plain(), 1)  # type: ignore[type-var]
+    with pytest.raises(ContractViolation):
+        with_position(FileSplit, 1)  # type: ignore[type-var]
+
+
+def test_split_state_starts_at_the_splits_position_and_snapshots_where_it_got_to() -> None:
+    state = SplitState.of(B)
+    assert state.position == 3
+    assert state.split_id == "/data/b"
+
+    state.position = 11
+
+    assert state.to_split() == FileSplit("/data/b", position=11)
+    assert B.position == 3
+
+
+# -- pickling (splits, events and states travel between processes) ------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        A,
+        SplitsFinishedEvent(("/data/a",)),
+        SplitsRemovedEvent(("/data/a", "/data/b")),
+        AssignerState((A,), {"/data/b": 1}, frozenset({"/data/c"}), True),
+    ],
+    ids=["split", "finished-event", "removed-event", "assigner-state"],
+)
+def test_values_that_travel_between_processes_pickle(value: object) -> None:
+    assert pickle.loads(pickle.dumps(value)) == value
+
+
+# -- AssignerStateCodec -------------------------------------------------------------------
+
+
+def test_assigner_state_roundtrips_through_json_with_positions() -> None:
+    codec = AssignerStateCodec(DataclassCodec(FileSplit))
+    state = AssignerState(
+        unassigned=(A, B),
+        assigned={"/data/x": 0, "/data/y": 2},
+        finished=frozenset({"/data/z", "/data/w"}),
+        discovered=True,
+    )
+
+    encoded = codec.encode(state)
+    decoded = codec.decode(json.loads(json.dumps(encoded)), codec.version)
+
+    assert decoded == state
+    assert [s.position for s in decoded.unassigned] == [7, 3]
+    assert encoded["finished"] == ["/data/w", "/data/z"]  # sorted: deterministic
+    assert encoded["split_codec"] == 1
+
+
+def test_assigner_state_codec_refuses_another_version() -> None:
+    codec = AssignerStateCodec(DataclassCodec(FileSplit))
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        codec.decode(codec.encode(AssignerState()), version=2)
+    assert (info.value.found, info.value.expected) == (2, 1)
+
+
+def test_assigner_state_codec_refuses_splits_written_by_another_split_codec_version() -> None:
+    written = AssignerStateCodec(DataclassCodec(FileSplit, version=2)).encode(
+        AssignerState(unassigned=(B,))
+    )
+    reader = AssignerStateCodec(DataclassCodec(FileSplit, version=1))
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        reader.decode(written, version=1)
+    assert (info.value.found, info.value.expected) == (2, 1)
+
+
+# -- Checkpoint ---------------------------------------------------------------------------
+
+
+def _checkpoint() -> Checkpoint[FileSplit, AssignerState[FileSplit]]:
+    return Checkpoint(
+        checkpoint_id=12,
+        enumerator=AssignerState(
+            unassigned=(A,),
+            assigned={"/data/b": 1, "/data/c": 0},
+            finished=frozenset({"/data/old"}),
+            discovered=True,
+        ),
+        readers={1: (B,), 0: (FileSplit("/data/c", position=99),), 2: ()},
+    )
+
+
+def test_checkpoint_roundtrips_through_json() -> None:
+    source = FileSource()
+    checkpoint = _checkpoint()
+
+    text = checkpoint.to_json(source)
+    decoded = Checkpoint.decode(json.loads(text), source)
+
+    assert decoded == checkpoint
+    assert decoded.readers[0][0].position == 99
+    assert sorted(decoded.readers) == [0, 1, 2]
+    assert decoded.parallelism == 3
+
+
+def test_checkpoint_encoding_is_small_versioned_primitives() -> None:
+    encoded = _checkpoint().encode(FileSource())
+
+    assert encoded["format"] == 1
+    assert encoded["id"] == 12
+    assert encoded["codecs"] == [1, 1]
+    assert list(encoded["readers"]) == ["0", "1", "2"]
+    assert encoded["readers"]["0"] == [
+        {"path": "/data/c", "ranges": [], "tags": [], "end": None, "position": 99}
+    ]
+    assert json.loads(json.dumps(encoded)) == encoded
+
+
+def test_checkpoint_json_is_the_same_for_equal_checkpoints() -> None:
+    source = FileSource()
+    one = _checkpoint()
+    other = Checkpoint(
+        checkpoint_id=12,
+        enumerator=AssignerState(
+            unassigned=(A,),
+            assigned={"/data/c": 0, "/data/b": 1},  # other insertion order
+            finished=frozenset({"/data/old"}),
+            discovered=True,
+        ),
+        readers={2: (), 0: (FileSplit("/data/c", position=99),), 1: (B,)},
+    )
+    assert one.to_json(source) == other.to_json(source)
+
+
+@pytest.mark.parametrize(("fmt", "found"), [(2, 2), (0, 0), ("1", "1"), (None, None)])
+def test_checkpoint_of_another_format_is_refused(fmt: object, found: object) -> None:
+    data = _checkpoint().encode(FileSource())
+    data["format"] = fmt
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        Checkpoint.decode(data, FileSource())
+    assert (info.value.found, info.value.expected) == (found, 1)
+
+
+def test_checkpoint_without_a_format_is_refused() -> None:
+    data = _checkpoint().encode(FileSource())
+    del data["format"]
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        Checkpoint.decode(data, FileSource())
+    assert info.value.found is None
+
+
+def test_checkpoint_whose_enumerator_codec_version_is_unknown_is_refused() -> None:
+    data = _checkpoint().encode(FileSource())
+    data["codecs"] = [9, 1]
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        Checkpoint.decode(data, FileSource())
+    assert (info.value.found, info.value.expected) == (9, 1)
+
+
+def test_checkpoint_written_with_another_split_codec_version_is_refused() -> None:
+    data = json.loads(_checkpoint().to_json(FileSource(split_version=2)))
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        Checkpoint.decode(data, FileSource(split_version=1))
+    assert (info.value.found, info.value.expected) == (2, 1)
+
+
+def test_checkpoint_written_with_a_newer_split_codec_reads_back_with_the_same_codec() -> None:
+    source = FileSource(split_version=2)
+    checkpoint = _checkpoint()
+    assert Checkpoint.decode(json.loads(checkpoint.to_json(source)), source) == checkpoint
