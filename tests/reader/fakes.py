@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.reader import (
     Positioned,
@@ -23,6 +22,7 @@ from splitflow.reader import (
     SplitReader,
     SplitSlice,
 )
+from splitflow.testing.harness import Collector, RecordingReaderContext
 from splitflow.testing.sequence import SequenceCatalog, SequenceRecord, SequenceSplit
 
 WAIT = 5.0
@@ -31,40 +31,8 @@ WAIT = 5.0
 FETCHER_THREAD_PREFIX = "splitflow-reader-"
 
 
-class RecordingContext:
-    """A :class:`~splitflow.api.reader.SourceReaderContext` that records what is sent."""
-
-    def __init__(self, reader_id: int = 0) -> None:
-        self._reader_id = reader_id
-        self.events: list[SourceEvent] = []
-        self.split_requests = 0
-
-    @property
-    def reader_id(self) -> int:
-        return self._reader_id
-
-    @property
-    def location(self) -> str | None:
-        return None
-
-    def send_source_event_to_coordinator(self, event: SourceEvent) -> None:
-        self.events.append(event)
-
-    def send_split_request(self) -> None:
-        self.split_requests += 1
-
-    def finished_ids(self) -> list[str]:
-        """Split ids of every SplitsFinishedEvent sent, in order, repeats included."""
-        return [
-            sid for e in self.events if isinstance(e, SplitsFinishedEvent) for sid in e.split_ids
-        ]
-
-
-class ListOutput(list[Any]):
-    """A list that is a :class:`~splitflow.api.reader.ReaderOutput`."""
-
-    def collect(self, record: Any) -> None:
-        self.append(record)
+RecordingContext = RecordingReaderContext
+ListOutput = Collector
 
 
 @dataclass

@@ -178,11 +178,12 @@ class BalancedAssignment(AssignmentStrategy[SplitT]):
         return result
 
 
-class RoundRobinAssignment(AssignmentStrategy[SplitT]):
-    """Deal splits to readers in turn with one global counter (Flink's dynamic Kafka source)."""
+class _OwnerPerSplit(AssignmentStrategy[SplitT]):
+    """A strategy that picks each split's owner on its own, ignoring loads."""
 
-    def __init__(self) -> None:
-        self._next = 0
+    @abstractmethod
+    def _owner(self, split: SplitT, readers: Sequence[int]) -> int:
+        """The owner of ``split`` among ``readers`` (sorted, not empty)."""
 
     def assign(
         self,
@@ -191,12 +192,9 @@ class RoundRobinAssignment(AssignmentStrategy[SplitT]):
     ) -> Assignment[SplitT]:
         readers = sorted(loads)
         result: Assignment[SplitT] = {}
-        if not readers:
-            return result
-        for split in splits:
-            reader = readers[self._next % len(readers)]
-            self._next += 1
-            result.setdefault(reader, []).append(split)
+        if readers:
+            for split in splits:
+                result.setdefault(self._owner(split, readers), []).append(split)
         return result
 
     def redistribute(
@@ -205,9 +203,32 @@ class RoundRobinAssignment(AssignmentStrategy[SplitT]):
         readers: Sequence[int],
         unowned: Sequence[SplitT] = (),
     ) -> Assignment[SplitT]:
-        self._next = 0
         everything = sorted(itertools.chain(unowned, *held.values()), key=lambda s: s.split_id)
         return self.assign(everything, dict.fromkeys(readers, 0.0))
+
+
+class RoundRobinAssignment(_OwnerPerSplit[SplitT]):
+    """Deal splits to readers in turn with one global counter (Flink's dynamic Kafka source).
+
+    A redistribution starts the counter again and deals splits in id order.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def _owner(self, split: SplitT, readers: Sequence[int]) -> int:
+        reader = readers[self._next % len(readers)]
+        self._next += 1
+        return reader
+
+    def redistribute(
+        self,
+        held: Mapping[int, Sequence[SplitT]],
+        readers: Sequence[int],
+        unowned: Sequence[SplitT] = (),
+    ) -> Assignment[SplitT]:
+        self._next = 0
+        return super().redistribute(held, readers, unowned)
 
 
 def java_string_hash(text: str) -> int:
@@ -229,11 +250,11 @@ def flink_kafka_owner(topic: str, partition: int, num_readers: int) -> int:
     return (start + partition) % num_readers
 
 
-class HashAssignment(AssignmentStrategy[SplitT]):
+class HashAssignment(_OwnerPerSplit[SplitT]):
     """Flink-compatible hash ownership: a pure function of the split and the parallelism.
 
     ``key`` maps a split to ``(topic, partition)``; by default ``(split_id, 0)``.
-    Ignores loads and preferences by design: that is what makes it skew.
+    Ignores loads by design: that is what makes it skew.
     """
 
     def __init__(self, key: Callable[[SplitT], tuple[str, int]] | None = None) -> None:
@@ -242,26 +263,3 @@ class HashAssignment(AssignmentStrategy[SplitT]):
     def _owner(self, split: SplitT, readers: Sequence[int]) -> int:
         topic, partition = self._key(split) if self._key else (split.split_id, 0)
         return readers[flink_kafka_owner(topic, partition, len(readers))]
-
-    def assign(
-        self,
-        splits: Sequence[SplitT],
-        loads: Mapping[int, float],
-    ) -> Assignment[SplitT]:
-        readers = sorted(loads)
-        result: Assignment[SplitT] = {}
-        if not readers:
-            return result
-        for split in splits:
-            result.setdefault(self._owner(split, readers), []).append(split)
-        return result
-
-    def redistribute(
-        self,
-        held: Mapping[int, Sequence[SplitT]],
-        readers: Sequence[int],
-        unowned: Sequence[SplitT] = (),
-    ) -> Assignment[SplitT]:
-        return self.assign(
-            list(itertools.chain(unowned, *held.values())), dict.fromkeys(readers, 0.0)
-        )

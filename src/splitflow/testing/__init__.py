@@ -2,6 +2,8 @@
 
 from splitflow.testing.harness import (
     ENUMERATOR,
+    Collector,
+    RecordingReaderContext,
     SourceHarness,
     assigning_enumerator_owned,
     count_duplicates,
@@ -16,6 +18,8 @@ from splitflow.testing.sequence import (
 
 __all__ = [
     "ENUMERATOR",
+    "Collector",
+    "RecordingReaderContext",
     "SequenceCatalog",
     "SequenceEnumerator",
     "SequenceRecord",

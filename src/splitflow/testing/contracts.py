@@ -27,11 +27,11 @@ from collections.abc import Hashable
 from typing import Any
 
 from splitflow.api.enumerator import SplitExtent
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Boundedness, Source
 from splitflow.testing.harness import (
     Collector,
+    RecordingReaderContext,
     SourceHarness,
     assigning_enumerator_owned,
     count_duplicates,
@@ -176,26 +176,6 @@ class SourceContract(_ContractBase):
         self.assert_exactly_once(harness.committed(), self.expected_records())
 
 
-class _RecordingReaderContext:
-    def __init__(self) -> None:
-        self.events: list[SourceEvent] = []
-        self.split_requests = 0
-
-    @property
-    def reader_id(self) -> int:
-        return 0
-
-    @property
-    def location(self) -> str | None:
-        return None
-
-    def send_source_event_to_coordinator(self, event: SourceEvent) -> None:
-        self.events.append(event)
-
-    def send_split_request(self) -> None:
-        self.split_requests += 1
-
-
 class SourceReaderContract(_ContractBase):
     """A source's reader on its own, fed splits its enumerator made."""
 
@@ -207,7 +187,7 @@ class SourceReaderContract(_ContractBase):
         harness.close()
         return splits, dict(extents)
 
-    def read(self, reader: Any, context: _RecordingReaderContext, out: Collector[Any]) -> None:
+    def read(self, reader: Any, context: RecordingReaderContext, out: Collector[Any]) -> None:
         for _ in range(100_000):
             status = reader.poll_next(out)
             if status is InputStatus.END_OF_INPUT:
@@ -219,7 +199,7 @@ class SourceReaderContract(_ContractBase):
     def test_reader_reads_every_assigned_split(self) -> None:
         source = self.make_source()
         splits, _ = self.splits_and_extents(source)
-        context = _RecordingReaderContext()
+        context = RecordingReaderContext()
         reader = source.create_reader(context)
         reader.start()
         reader.add_splits(splits)
@@ -235,7 +215,7 @@ class SourceReaderContract(_ContractBase):
         stops = {
             s.split_id: s.position + (extents[s.split_id].latest - s.position) // 2 for s in splits
         }
-        context = _RecordingReaderContext()
+        context = RecordingReaderContext()
         reader = source.create_reader(context)
         reader.start()
         reader.add_splits(splits, stop_at=stops)
@@ -248,14 +228,12 @@ class SourceReaderContract(_ContractBase):
         assert {s.split_id: s.position for s in remaining if s.split_id in halted} == {
             sid: stops[sid] for sid in halted
         }, "a split did not stop exactly at its planned position"
-        finished = {
-            sid for e in context.events if isinstance(e, SplitsFinishedEvent) for sid in e.split_ids
-        }
+        finished = set(context.finished_ids())
         assert not finished & halted, (
             f"splits stopped by plan reported finished: {finished & halted}"
         )
         # Reading on from the snapshot completes the data, exactly once.
-        rest_context = _RecordingReaderContext()
+        rest_context = RecordingReaderContext()
         rest = source.create_reader(rest_context)
         rest.start()
         rest.add_splits(remaining)
