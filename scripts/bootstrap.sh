@@ -11,4 +11,4 @@ if sys.version_info < (3, 11):
 PYCHECK
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev]"
+"$venv/bin/python" -m pip install --quiet -e ".[dev,spark]"

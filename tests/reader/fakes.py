@@ -22,7 +22,8 @@ from splitflow.reader import (
     SplitReader,
     SplitSlice,
 )
-from splitflow.testing.harness import Collector, RecordingReaderContext
+from splitflow.reader.output import Collector
+from splitflow.testing.harness import RecordingReaderContext
 from splitflow.testing.sequence import SequenceCatalog, SequenceRecord, SequenceSplit
 
 WAIT = 5.0

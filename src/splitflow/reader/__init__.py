@@ -16,9 +16,11 @@ Imports point one way: this package depends on :mod:`splitflow.api` only.
 
 from splitflow.reader.base import SourceReaderBase
 from splitflow.reader.emitter import Positioned, PositionedEmitter, RecordEmitter
+from splitflow.reader.output import Collector
 from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSlice
 
 __all__ = [
+    "Collector",
     "Positioned",
     "PositionedEmitter",
     "RecordEmitter",

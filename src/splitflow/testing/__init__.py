@@ -1,8 +1,8 @@
 """Test support: a deterministic harness, a test source, and contract test suites."""
 
+from splitflow.reader.output import Collector
 from splitflow.testing.harness import (
     ENUMERATOR,
-    Collector,
     RecordingReaderContext,
     SourceHarness,
     assigning_enumerator_owned,

@@ -50,6 +50,7 @@ from splitflow.coordinator.coordinator import (
 )
 from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import ContractViolation, SourceFailedError
+from splitflow.reader.output import Collector
 
 ENUMERATOR = -1
 """Owner id that stands for the enumerator in :meth:`SourceHarness.ownership`."""
@@ -102,13 +103,6 @@ class RecordingReaderContext:
         return [
             sid for e in self.events if isinstance(e, SplitsFinishedEvent) for sid in e.split_ids
         ]
-
-
-class Collector(list[RecordT]):
-    """A list that is a :class:`~splitflow.api.reader.ReaderOutput`."""
-
-    def collect(self, record: RecordT) -> None:
-        self.append(record)
 
 
 @dataclass

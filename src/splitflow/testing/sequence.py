@@ -7,6 +7,8 @@ while a query runs, and know exactly which records must come out, once each.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -40,8 +42,10 @@ class SequenceSplit:
 class SequenceCatalog:
     """The data behind a :class:`SequenceSource`: split name -> number of records so far.
 
-    Thread-safe. Catalogs are registered by ``key`` in this process, so that a source that
-    refers to one stays small and picklable (readers in the same process find it again).
+    Thread-safe. In memory by default: catalogs are registered by ``key`` in this process,
+    so a source that refers to one stays small and picklable. With ``path``, the catalog
+    lives in that JSON file instead, written atomically on every change and read on every
+    look-up, so that other processes (a Spark runner, executors) see the same splits.
     """
 
     _registry: ClassVar[weakref.WeakValueDictionary[str, SequenceCatalog]] = (
@@ -50,10 +54,16 @@ class SequenceCatalog:
     _counter: ClassVar[int] = 0
     _class_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, splits: Mapping[str, int] | None = None) -> None:
+    def __init__(self, splits: Mapping[str, int] | None = None, *, path: str | None = None) -> None:
         self._lock = threading.Lock()
         self._lengths: dict[str, int] = dict(splits or {})
         self._sealed: set[str] = set()
+        self.path = path
+        if path is not None:
+            self.key = f"file:{os.path.abspath(path)}"
+            if splits is not None or not os.path.exists(path):
+                self._save()
+            return
         with SequenceCatalog._class_lock:
             SequenceCatalog._counter += 1
             self.key = f"catalog-{SequenceCatalog._counter}"
@@ -61,47 +71,74 @@ class SequenceCatalog:
 
     @classmethod
     def named(cls, key: str) -> SequenceCatalog:
+        if key.startswith("file:"):
+            return cls(path=key.removeprefix("file:"))
         return cls._registry[key]
+
+    def _load(self) -> None:
+        if self.path is not None:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            self._lengths = {str(k): int(v) for k, v in data["lengths"].items()}
+            self._sealed = set(data["sealed"])
+
+    def _save(self) -> None:
+        if self.path is not None:
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"lengths": self._lengths, "sealed": sorted(self._sealed)}, f)
+            os.replace(tmp, self.path)
 
     def add(self, name: str, length: int = 0) -> None:
         with self._lock:
+            self._load()
             if name in self._lengths:
                 raise ValueError(f"split {name} already exists")
             self._lengths[name] = length
+            self._save()
 
     def append(self, name: str, count: int) -> None:
         with self._lock:
+            self._load()
             self._lengths[name] += count
+            self._save()
 
     def remove(self, name: str) -> None:
         with self._lock:
+            self._load()
             del self._lengths[name]
             self._sealed.discard(name)
+            self._save()
 
     def seal(self, name: str) -> None:
         """No record will be appended to ``name`` any more: it ends at its length."""
         with self._lock:
+            self._load()
             if name not in self._lengths:
                 raise KeyError(name)
             self._sealed.add(name)
+            self._save()
 
     def is_sealed(self, name: str) -> bool:
         with self._lock:
+            self._load()
             return name in self._sealed
 
     def extent(self, name: str) -> tuple[int, bool] | None:
         """``(length, sealed)`` of split ``name``, read atomically; None if it vanished."""
         with self._lock:
+            self._load()
             if name not in self._lengths:
                 return None
             return self._lengths[name], name in self._sealed
 
     def length(self, name: str) -> int | None:
-        with self._lock:
-            return self._lengths.get(name)
+        extent = self.extent(name)
+        return None if extent is None else extent[0]
 
     def lengths(self) -> dict[str, int]:
         with self._lock:
+            self._load()
             return dict(self._lengths)
 
     def records(self) -> list[SequenceRecord]:

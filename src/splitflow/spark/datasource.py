@@ -1,0 +1,319 @@
+"""Any splitflow Source as a PySpark Python data source, streaming and batch.
+
+A connector exposes its Source by subclassing :class:`SplitflowDataSource` (a
+``pyspark.sql.datasource.DataSource``): ``name()``, ``schema()`` and ``create_source()``.
+Then ``spark.dataSource.register(MySource)`` and ``spark.readStream.format(name)`` or
+``spark.read.format(name)``.
+
+Who runs what (see ``docs/spark.md``):
+
+* ``DataSource.__init__`` runs at ``load()``: options are validated there, so a bad option
+  fails before any query starts, with an error that names it.
+* The stream reader in the driver-side streaming runner process owns a :class:`Planner`
+  (created lazily, closed on ``stop()`` and on SIGTERM); it answers ``initialOffset``,
+  ``latestOffset``, ``partitions`` and ``commit``.
+* ``read(partition)`` runs in executor Python workers on a pickled copy of the reader: it
+  creates the source's reader, gives it the partition's slices and yields its records.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
+
+from splitflow.api.events import SourceEvent
+from splitflow.api.reader import InputStatus
+from splitflow.api.source import Source
+from splitflow.errors import ConfigurationError, ConnectorError
+from splitflow.reader.output import Collector
+from splitflow.spark.options import RuntimeOptions
+from splitflow.spark.planner import (
+    BatchOffset,
+    MaxRecords,
+    MinRecords,
+    Planner,
+    ReadAll,
+    ReadLimit,
+    plan_partitions,
+)
+
+log = logging.getLogger("splitflow.spark")
+
+AnySource = Source[Any, Any, Any]
+
+
+class SplitflowDataSource(DataSource):
+    """Base of every splitflow data source. Subclass and implement the three methods.
+
+    ``self.options`` holds the Spark options (keys lower-cased); :attr:`runtime` the
+    splitflow options every source understands (``parallelism``, batch and task limits).
+    ``create_source()`` must validate the connector's own options and raise
+    :class:`~splitflow.errors.ConfigurationError` naming the option at fault: it is called
+    once at ``load()``, before any query starts.
+    """
+
+    @classmethod
+    @abstractmethod
+    def name(cls) -> str: ...
+
+    @abstractmethod
+    def schema(self) -> str: ...
+
+    @abstractmethod
+    def create_source(self) -> AnySource:
+        """The Source these options describe. Called on the driver and in executors."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.runtime = RuntimeOptions.parse(self.options)
+        self.create_source()
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return SplitflowStreamReader(self)
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return SplitflowBatchReader(self)
+
+
+@dataclass
+class SlicePartition(InputPartition):
+    """One task: a slot's slices ``[(encoded split at start, stop), ...]`` of batch ``seq``."""
+
+    slot: int
+    seq: int
+    split_codec: int
+    slices: list[tuple[dict[str, Any], int]]
+
+    def __init__(
+        self, slot: int, seq: int, split_codec: int, slices: list[tuple[dict[str, Any], int]]
+    ) -> None:
+        super().__init__(slot)
+        self.slot, self.seq, self.split_codec, self.slices = slot, seq, split_codec, slices
+
+
+def _partitions(
+    source: AnySource, end: BatchOffset[Any, Any], runtime: RuntimeOptions
+) -> list[SlicePartition]:
+    codec = source.split_codec
+    return [
+        SlicePartition(
+            slot, end.seq, codec.version, [(codec.encode(s.split), s.stop) for s in slices]
+        )
+        for slot, slices in plan_partitions(end, runtime.max_records_per_task)
+    ]
+
+
+class _TaskContext:
+    """The reader context inside a Spark task. Events to the coordinator are logged only."""
+
+    def __init__(self, slot: int) -> None:
+        self._slot = slot
+        self.events: list[SourceEvent] = []
+
+    @property
+    def reader_id(self) -> int:
+        return self._slot
+
+    @property
+    def location(self) -> str | None:
+        return None
+
+    def send_source_event_to_coordinator(self, event: SourceEvent) -> None:
+        self.events.append(event)
+
+    def send_split_request(self) -> None:
+        pass
+
+
+_SOURCES: dict[tuple[type, tuple[tuple[str, str], ...]], AnySource] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def _cached_source(data_source: SplitflowDataSource) -> AnySource:
+    """One Source per options in a Python worker (workers are reused across tasks)."""
+    key = (type(data_source), tuple(sorted(data_source.options.items())))
+    with _SOURCES_LOCK:
+        if key not in _SOURCES:
+            _SOURCES[key] = data_source.create_source()
+        return _SOURCES[key]
+
+
+def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) -> Iterator[Any]:
+    """Read one task's slices with the source's own reader; yield its records."""
+    source = _cached_source(data_source)
+    codec = source.split_codec
+    splits = [codec.decode(data, partition.split_codec) for data, _ in partition.slices]
+    stops = {
+        split.split_id: stop for split, (_, stop) in zip(splits, partition.slices, strict=True)
+    }
+    reader = source.create_reader(_TaskContext(partition.slot))
+    reader.start()
+    out: Collector[Any] = Collector()
+    idle_timeout = data_source.runtime.reader_idle_timeout
+    try:
+        reader.add_splits(splits, stop_at=stops)
+        reader.notify_no_more_splits()
+        while True:
+            status = reader.poll_next(out)
+            if out:
+                yield from out
+                out.clear()
+            if status is InputStatus.END_OF_INPUT:
+                return
+            if status is InputStatus.NOTHING_AVAILABLE and not reader.wait_available(idle_timeout):
+                unfinished = {s.split_id: s.position for s in reader.snapshot_state(-1)}
+                raise ConnectorError(
+                    f"batch {partition.seq}, slot {partition.slot}: nothing arrived for "
+                    f"{idle_timeout:g}s (option readerIdleTimeout) before the planned stops; "
+                    f"splits at {unfinished}, planned stops {stops}"
+                )
+    finally:
+        reader.close()
+
+
+class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark's streaming reader for a splitflow source (see the module doc)."""
+
+    _terminating: ClassVar[bool] = False
+
+    def __init__(self, data_source: SplitflowDataSource) -> None:
+        self._ds = data_source
+        self._planner: Planner[Any, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_ds": self._ds, "_planner": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- driver side (the streaming runner process) -------------------------------------------
+
+    def _driver(self) -> Planner[Any, Any]:
+        if self._planner is None:
+            self._planner = Planner(self._ds.create_source(), self._ds.runtime.parallelism)
+            self._close_on_sigterm()
+        return self._planner
+
+    def _close_on_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self.stop()
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._driver().initial_offset()
+
+    def latestOffset(self, start: dict[str, Any], limit: SparkReadLimit) -> dict[str, Any]:
+        return self._driver().latest_offset(start, self._limit(limit))
+
+    def getDefaultReadLimit(self) -> SparkReadLimit:
+        runtime = self._ds.runtime
+        if runtime.min_records_per_batch is not None:
+            return ReadMinRows(runtime.min_records_per_batch)
+        if runtime.max_records_per_batch is not None:
+            return ReadMaxRows(runtime.max_records_per_batch)
+        return ReadAllAvailable()
+
+    def _limit(self, limit: SparkReadLimit) -> ReadLimit:
+        runtime = self._ds.runtime
+        then: ReadAll | MaxRecords = (
+            MaxRecords(runtime.max_records_per_batch)
+            if runtime.max_records_per_batch is not None
+            else ReadAll()
+        )
+        if isinstance(limit, ReadMaxRows):
+            return MaxRecords(limit.max_rows)
+        if isinstance(limit, ReadMinRows):
+            return MinRecords(limit.min_rows, runtime.max_batch_delay, then)
+        return ReadAll()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._driver().prepare_available_now()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        if self._planner is None:
+            return None
+        return self._planner.lag()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SlicePartition]:
+        source = self._ds.create_source() if self._planner is None else self._planner.source
+        return _partitions(source, BatchOffset.decode(end, source), self._ds.runtime)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self._planner is not None:
+            self._planner.commit(end)
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
+
+    # -- executor side --------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SlicePartition)
+        return read_partition(self._ds, partition)
+
+
+class SplitflowBatchReader(DataSourceReader):
+    """A batch read: every split from its start to what is available now, in one job."""
+
+    def __init__(self, data_source: SplitflowDataSource) -> None:
+        self._ds = data_source
+
+    def partitions(self) -> list[SlicePartition]:
+        source = self._ds.create_source()
+        planner: Planner[Any, Any] = Planner(source, self._ds.runtime.parallelism)
+        try:
+            start = planner.initial_offset()
+            end = planner.latest_offset(start, ReadAll())
+            return _partitions(source, BatchOffset.decode(end, source), self._ds.runtime)
+        finally:
+            planner.close()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SlicePartition)
+        return read_partition(self._ds, partition)
+
+
+def check_options(options: Mapping[str, str]) -> None:
+    """Validate the runtime options alone (for tools that do not build a source)."""
+    RuntimeOptions.parse({k.lower(): v for k, v in options.items()})
+
+
+__all__ = [
+    "ConfigurationError",
+    "SlicePartition",
+    "SplitflowBatchReader",
+    "SplitflowDataSource",
+    "SplitflowStreamReader",
+    "check_options",
+    "read_partition",
+]

@@ -1,0 +1,92 @@
+"""The Spark options every splitflow source understands, validated before a query starts.
+
+============================  =========  =====================================================
+option                        default    meaning
+============================  =========  =====================================================
+``parallelism``               2          reader slots; splits are balanced over them
+``maxRecordsPerBatch``        (none)     at most this many records per micro-batch, shared
+                                         over splits by backlog (a small split is never
+                                         starved)
+``minRecordsPerBatch``        (none)     wait for this many records before a batch ...
+``maxBatchDelay``             15m        ... unless this long passed since the last batch
+``maxRecordsPerTask``         (none)     cut a slot's slices into tasks of at most this many
+                                         records (skew, oversized replays)
+``readerIdleTimeout``         60s        a task fails, naming its splits, when nothing
+                                         arrives this long before its planned stops
+============================  =========  =====================================================
+
+Durations take ``ms``, ``s``, ``m`` or ``h`` (``"500ms"``, ``"30s"``, ``"15m"``); a bare number
+is seconds. Spark lower-cases option keys; so does this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from splitflow.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(option: str, text: str) -> float:
+    """Seconds in ``text``; a ConfigurationError naming ``option`` if it is not a duration."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigurationError(
+            f"option {option}: {text!r} is not a duration (examples: 500ms, 30s, 15m, 1h)",
+            option=option,
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_positive_int(option: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip():
+        raise ConfigurationError(
+            f"option {option}: {text!r} is not a whole number of at least 1", option=option
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    parallelism: int = 2
+    max_records_per_batch: int | None = None
+    min_records_per_batch: int | None = None
+    max_batch_delay: float = 900.0
+    max_records_per_task: int | None = None
+    reader_idle_timeout: float = 60.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> RuntimeOptions:
+        """Read the options (keys already lower-cased, as Spark passes them)."""
+
+        def whole(name: str) -> int | None:
+            text = options.get(name.lower())
+            return None if text is None else parse_positive_int(name, text)
+
+        def duration(name: str, default: float) -> float:
+            text = options.get(name.lower())
+            return default if text is None else parse_duration(name, text)
+
+        parsed = cls(
+            parallelism=whole("parallelism") or 2,
+            max_records_per_batch=whole("maxRecordsPerBatch"),
+            min_records_per_batch=whole("minRecordsPerBatch"),
+            max_batch_delay=duration("maxBatchDelay", 900.0),
+            max_records_per_task=whole("maxRecordsPerTask"),
+            reader_idle_timeout=duration("readerIdleTimeout", 60.0),
+        )
+        low, high = parsed.min_records_per_batch, parsed.max_records_per_batch
+        if low is not None and high is not None and low > high:
+            raise ConfigurationError(
+                f"option minRecordsPerBatch ({low}) is above maxRecordsPerBatch ({high})",
+                option="minRecordsPerBatch",
+            )
+        return parsed

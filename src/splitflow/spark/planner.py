@@ -1,0 +1,419 @@
+"""Plans micro-batches on the driver: micro-batch = checkpoint. No pyspark import here.
+
+The planner runs a source's coordinator in the driver-side streaming runner process and
+treats each of the ``parallelism`` reader slots as a reader that is always at the end of
+the last planned batch: a slot's state is its splits, each at the position the batch
+stops at. Planning batch ``n`` means: let the enumerator act (discovery, assignment,
+finished and removed splits), learn how far every split can be read now
+(``latest_positions``), cut each split's slice ``[position, stop)`` to the read limit, take
+checkpoint ``n`` and encode all of it as Spark's end offset of the batch.
+
+So Spark's offset of a batch holds everything: the enumerator's snapshot, every slot's
+splits and each split's slice. ``partitions(start, end)`` reads only ``end``, which makes a
+replay after a crash read exactly the same records, and a restart (with the same or another
+parallelism) restores the coordinator from the start offset through the global-restore
+path: slots report their splits and the enumerator redistributes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from splitflow.api.enumerator import EnumStateT, SplitExtent
+from splitflow.api.events import SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.source import Source
+from splitflow.api.split import JsonDict, SplitT, with_position
+from splitflow.coordinator.checkpoint import redistribute_reader_states
+from splitflow.coordinator.coordinator import (
+    AddSplits,
+    NoMoreSplits,
+    ReaderEvent,
+    ReaderMessage,
+    SourceCoordinator,
+)
+from splitflow.coordinator.scheduler import ManualScheduler
+from splitflow.errors import IncompatibleCheckpointError
+
+log = logging.getLogger("splitflow.spark")
+
+OFFSET_FORMAT = 1
+
+
+# -- read limits, independent of Spark's classes ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadAll:
+    """Read everything available (``trigger(once=True)``, batch reads)."""
+
+
+@dataclass(frozen=True)
+class MaxRecords:
+    """Read at most ``records`` in one batch, shared over splits by backlog."""
+
+    records: int
+
+
+@dataclass(frozen=True)
+class MinRecords:
+    """Wait for ``records`` before a batch, unless ``max_delay`` seconds passed since the last."""
+
+    records: int
+    max_delay: float
+    then: ReadAll | MaxRecords = ReadAll()
+
+
+ReadLimit = ReadAll | MaxRecords | MinRecords
+
+
+def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` records over splits in proportion to their backlog, exactly.
+
+    Every split with a backlog gets at least one record while the budget lasts (largest
+    backlog first), so a small split is never starved behind a large one; the rest is shared
+    in proportion to backlog, largest remainders first. Never more than a split's backlog,
+    never more than ``budget`` in total.
+
+    >>> share_records({"big": 900, "small": 10, "none": 0}, 91)
+    {'big': 89, 'small': 2, 'none': 0}
+    """
+    shares = dict.fromkeys(backlogs, 0)
+    waiting = sorted((s for s, b in backlogs.items() if b > 0), key=lambda s: (-backlogs[s], s))
+    total = sum(backlogs[s] for s in waiting)
+    if total <= budget:
+        return {s: max(0, b) for s, b in backlogs.items()}
+    for split in waiting[:budget]:
+        shares[split] = 1
+    left = budget - sum(shares.values())
+    if left <= 0:
+        return shares
+    rest = {s: backlogs[s] - shares[s] for s in waiting}
+    rest_total = sum(rest.values())
+    exact = {s: left * r / rest_total for s, r in rest.items()}
+    for split, amount in exact.items():
+        shares[split] += math.floor(amount)
+    remainder = budget - sum(shares.values())
+    for split in sorted(exact, key=lambda s: (-(exact[s] - math.floor(exact[s])), s))[:remainder]:
+        shares[split] += 1
+    return shares
+
+
+# -- the offset of a batch -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice(Generic[SplitT]):
+    """Split ``split`` is read from ``split.position`` up to ``stop`` (exclusive)."""
+
+    split: SplitT
+    stop: int
+
+    @property
+    def records(self) -> int:
+        return max(0, self.stop - self.split.position)
+
+
+@dataclass(frozen=True)
+class BatchOffset(Generic[SplitT, EnumStateT]):
+    """Spark's offset of one micro-batch: a full checkpoint of the source after it."""
+
+    seq: int
+    enumerator: EnumStateT
+    slots: tuple[tuple[Slice[SplitT], ...], ...]
+    backlog: bool = False
+    extents: Mapping[str, SplitExtent] = field(default_factory=dict, compare=False)
+
+    @property
+    def parallelism(self) -> int:
+        return len(self.slots)
+
+    def reader_states(self) -> dict[int, list[SplitT]]:
+        """Each slot's splits at the position reading resumes after this batch."""
+        return {
+            slot: [with_position(s.split, s.stop) for s in slices]
+            for slot, slices in enumerate(self.slots)
+        }
+
+    def encode(self, source: Source[Any, SplitT, EnumStateT]) -> JsonDict:
+        splits = source.split_codec
+        enum_codec = source.enumerator_state_codec
+        return {
+            "splitflow": OFFSET_FORMAT,
+            "seq": self.seq,
+            "codecs": [enum_codec.version, splits.version],
+            "enumerator": enum_codec.encode(self.enumerator),
+            "slots": [[[splits.encode(s.split), s.stop] for s in slot] for slot in self.slots],
+            "backlog": self.backlog,
+        }
+
+    @classmethod
+    def decode(
+        cls, data: Mapping[str, Any], source: Source[Any, SplitT, EnumStateT]
+    ) -> BatchOffset[SplitT, EnumStateT]:
+        if data.get("splitflow") != OFFSET_FORMAT:
+            raise IncompatibleCheckpointError(
+                "splitflow offset in the Spark checkpoint",
+                found=data.get("splitflow"),
+                expected=OFFSET_FORMAT,
+            )
+        enum_version, split_version = data["codecs"]
+        codec = source.split_codec
+        return cls(
+            seq=int(data["seq"]),
+            enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
+            slots=tuple(
+                tuple(Slice(codec.decode(s, split_version), int(stop)) for s, stop in slot)
+                for slot in data["slots"]
+            ),
+            backlog=bool(data.get("backlog", False)),
+        )
+
+
+# -- the planner -------------------------------------------------------------------------------
+
+
+class Planner(Generic[SplitT, EnumStateT]):
+    """The driver half of the Spark runtime for one source and one query run.
+
+    Called by: the streaming runner's main thread, one call at a time (Spark's contract).
+    """
+
+    def __init__(
+        self,
+        source: Source[Any, SplitT, EnumStateT],
+        parallelism: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.parallelism = parallelism
+        self._clock = clock
+        self._coordinator: SourceCoordinator[SplitT, EnumStateT] | None = None
+        self._scheduler = ManualScheduler()
+        self._slots: dict[int, dict[str, SplitT]] = {}
+        self._last: BatchOffset[SplitT, EnumStateT] | None = None
+        self._pumped_at = 0.0
+        self._last_batch_at = 0.0
+        self._target: dict[str, int] | None = None  # AvailableNow: positions to stop at
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _start(self, restore_from: BatchOffset[SplitT, EnumStateT] | None) -> None:
+        self.close()
+        self._scheduler = ManualScheduler()
+        self._slots = {slot: {} for slot in range(self.parallelism)}
+        self._coordinator = SourceCoordinator(
+            self.source,
+            self.parallelism,
+            self,
+            scheduler=self._scheduler,
+            restored_state=restore_from.enumerator if restore_from else None,
+        )
+        self._settle(self._coordinator.start())
+        states = (
+            redistribute_reader_states(restore_from.reader_states(), self.parallelism)
+            if restore_from
+            else {}
+        )
+        for slot in range(self.parallelism):
+            self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
+        self._last = restore_from
+        self._pumped_at = self._last_batch_at = self._clock()
+
+    def close(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
+
+    @property
+    def coordinator(self) -> SourceCoordinator[SplitT, EnumStateT]:
+        if self._coordinator is None:
+            raise RuntimeError("the planner has not started")
+        return self._coordinator
+
+    # -- the gateway: the coordinator's messages to the virtual readers --------------------
+
+    def send(self, reader_id: int, message: ReaderMessage[SplitT]) -> None:
+        slot = self._slots[reader_id]
+        if isinstance(message, AddSplits):
+            for split in message.splits:
+                slot[split.split_id] = split
+        elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
+            for split_id in message.event.split_ids:
+                slot.pop(split_id, None)
+        elif isinstance(message, NoMoreSplits):
+            pass  # a slot ends when its splits end; nothing to do
+        else:
+            log.warning(
+                "splitflow: event %r for slot %d is not delivered on Spark", message, reader_id
+            )
+
+    # -- driving the coordinator ------------------------------------------------------------
+
+    def _settle(self, future: Any = None) -> Any:
+        self._scheduler.run_until_idle()
+        failure = self.coordinator.failure
+        if failure is not None:
+            raise failure
+        return None if future is None else future.result()
+
+    def _pump(self) -> None:
+        now = self._clock()
+        self._scheduler.advance(max(0.0, now - self._pumped_at))
+        self._pumped_at = now
+        self._settle()
+
+    def _ensure(self, start: Mapping[str, Any] | None) -> None:
+        """Start fresh, or restore from ``start`` unless it is the batch planned last."""
+        if start is None or not start:
+            if self._coordinator is None:
+                self._start(None)
+            return
+        decoded = BatchOffset.decode(start, self.source)
+        if self._coordinator is None or self._last is None or self._last.seq != decoded.seq:
+            log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
+            self._start(decoded)
+
+    # -- Spark's calls ------------------------------------------------------------------------
+
+    def initial_offset(self) -> JsonDict:
+        """Offset before the first batch: everything assigned, nothing read. Idempotent."""
+        if self._coordinator is None:
+            self._start(None)
+            self._pump()
+            self._last = self._snapshot(0, {})
+        assert self._last is not None
+        return self._last.encode(self.source)
+
+    def prepare_available_now(self) -> None:
+        """Fix the target: what exists now is read, nothing that appears later."""
+        self._ensure(None)
+        self._pump()
+        self._target = {sid: extent.latest for sid, extent in self._extents().items()}
+
+    def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
+        """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
+        self._ensure(start)
+        self._pump()
+        extents = self._extents()
+        changed = self._finish_ended_splits(extents)
+        backlogs = {
+            sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
+            for slot in self._slots.values()
+            for sid, split in slot.items()
+            if sid in extents
+        }
+        total = sum(backlogs.values())
+        effective = limit
+        if isinstance(limit, MinRecords):
+            waited = self._clock() - self._last_batch_at
+            if total < limit.records and waited < limit.max_delay and self._target is None:
+                return dict(start)
+            effective = limit.then
+        budget = effective.records if isinstance(effective, MaxRecords) else total
+        reads = share_records(backlogs, budget)
+        if not changed and sum(reads.values()) == 0:
+            return dict(start)  # nothing new: Spark plans no batch
+        seq = (self._last.seq if self._last else 0) + 1
+        offset = self._snapshot(seq, reads)
+        self._last_batch_at = self._clock()
+        return offset.encode(self.source)
+
+    def commit(self, end: Mapping[str, Any]) -> None:
+        seq = int(end["seq"])
+        if self._coordinator is not None and seq > 0:
+            self._settle(self._coordinator.notify_checkpoint_complete(seq))
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _cap(self, split_id: str, latest: int) -> int:
+        if self._target is None:
+            return latest
+        return min(latest, self._target.get(split_id, 0))
+
+    def _extents(self) -> dict[str, SplitExtent]:
+        held = [s for slot in self._slots.values() for s in slot.values()]
+        if not held:
+            return {}
+        return dict(self._settle(self.coordinator.latest_positions(held)))
+
+    def _finish_ended_splits(self, extents: Mapping[str, SplitExtent]) -> bool:
+        """Splits read to their final position are finished: tell the enumerator."""
+        changed = False
+        for slot_id, slot in self._slots.items():
+            ended = tuple(
+                sid
+                for sid, split in slot.items()
+                if sid in extents and extents[sid].final and split.position >= extents[sid].latest
+            )
+            if ended:
+                for sid in ended:
+                    del slot[sid]
+                self._settle(
+                    self.coordinator.handle_source_event(slot_id, SplitsFinishedEvent(ended))
+                )
+                changed = True
+        return changed
+
+    def _snapshot(self, seq: int, reads: Mapping[str, int]) -> BatchOffset[SplitT, EnumStateT]:
+        """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split."""
+        enumerator = self._settle(self.coordinator.checkpoint(seq))
+        slots: list[tuple[Slice[SplitT], ...]] = []
+        for slot_id in range(self.parallelism):
+            slices = []
+            for sid, split in sorted(self._slots[slot_id].items()):
+                stop = split.position + reads.get(sid, 0)
+                slices.append(Slice(split, stop))
+                self._slots[slot_id][sid] = with_position(split, stop)
+            slots.append(tuple(slices))
+        self._settle(self.coordinator.release_held_messages())
+        backlog = self.coordinator.context.is_processing_backlog
+        self._last = BatchOffset(seq, enumerator, tuple(slots), backlog)
+        return self._last
+
+    def lag(self) -> dict[str, Any]:
+        """Per-split position, latest position, lag and owner (for query progress)."""
+        extents = self._extents() if self._coordinator is not None else {}
+        splits = {}
+        for slot_id, slot in sorted(self._slots.items()):
+            for sid, split in sorted(slot.items()):
+                latest = extents[sid].latest if sid in extents else None
+                splits[sid] = {
+                    "owner": slot_id,
+                    "position": split.position,
+                    "latest": latest,
+                    "lag": None if latest is None else max(0, latest - split.position),
+                }
+        return {"splits": splits, "backlog": bool(self._last and self._last.backlog)}
+
+
+def plan_partitions(
+    end: BatchOffset[SplitT, EnumStateT], max_records_per_task: int | None
+) -> list[tuple[int, list[Slice[SplitT]]]]:
+    """The tasks of a batch: each slot's non-empty slices, cut to at most that many records.
+
+    Pure: the same offset always gives the same tasks (a replay reads the same records).
+    """
+    cap = max_records_per_task
+    tasks: list[tuple[int, list[Slice[SplitT]]]] = []
+    for slot_id, slices in enumerate(end.slots):
+        current: list[Slice[SplitT]] = []
+        size = 0
+        for piece in slices:
+            start = piece.split.position
+            while start < piece.stop:
+                take = piece.stop - start if cap is None else min(piece.stop - start, cap - size)
+                current.append(Slice(with_position(piece.split, start), start + take))
+                size += take
+                start += take
+                if cap is not None and size >= cap:
+                    tasks.append((slot_id, current))
+                    current, size = [], 0
+        if current:
+            tasks.append((slot_id, current))
+    return tasks
