@@ -9,6 +9,18 @@ import sys
 if sys.version_info < (3, 11):
     sys.exit(f"splitflow needs Python 3.11 or newer; {sys.executable} is {sys.version.split()[0]}")
 PYCHECK
+# PySpark needs a Java runtime (17 is what it is tested with here).
+if ! command -v java >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: no java found; installing openjdk-17-jre-headless" >&2
+        apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    else
+        echo "bootstrap: PySpark needs Java 17: install a JDK/JRE 17 and put java on PATH" >&2
+        exit 1
+    fi
+fi
+java -version 2>&1 | head -1 | grep -Eq '"(17|21)[."]' \
+    || echo "bootstrap: warning: Spark 4.3 is tested with Java 17; found: $(java -version 2>&1 | head -1)" >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e ".[dev,spark]"
