@@ -66,7 +66,7 @@ class AssignerStateCodec(Codec[AssignerState[SplitT]]):
     def encode(self, value: AssignerState[SplitT]) -> JsonDict:
         return {
             "split_codec": self._splits.version,
-            "unassigned": [self._splits.encode(s) for s in value.unassigned],
+            "unassigned": {s.split_id: self._splits.encode(s) for s in value.unassigned},
             "assigned": dict(value.assigned),
             "finished": sorted(value.finished),
             "discovered": value.discovered,
@@ -79,7 +79,9 @@ class AssignerStateCodec(Codec[AssignerState[SplitT]]):
             raise IncompatibleCheckpointError("enumerator state", found=version, expected=1)
         split_version = int(data["split_codec"])
         return AssignerState(
-            unassigned=tuple(self._splits.decode(s, split_version) for s in data["unassigned"]),
+            unassigned=tuple(
+                self._splits.decode(s, split_version) for s in data["unassigned"].values()
+            ),
             assigned={str(k): int(v) for k, v in data["assigned"].items()},
             finished=frozenset(data["finished"]),
             discovered=bool(data["discovered"]),

@@ -147,7 +147,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             "seq": self.seq,
             "codecs": [enum_codec.version, splits.version],
             "enumerator": enum_codec.encode(self.enumerator),
-            "slots": [[[splits.encode(s.split), s.stop] for s in slot] for slot in self.slots],
+            "slots": [
+                [[s.split.split_id, splits.encode(s.split), s.stop] for s in slot]
+                for slot in self.slots
+            ],
             "backlog": self.backlog,
         }
 
@@ -167,7 +170,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             seq=int(data["seq"]),
             enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
             slots=tuple(
-                tuple(Slice(codec.decode(s, split_version), int(stop)) for s, stop in slot)
+                tuple(Slice(codec.decode(s, split_version), int(stop)) for _, s, stop in slot)
                 for slot in data["slots"]
             ),
             backlog=bool(data.get("backlog", False)),

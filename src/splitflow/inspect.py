@@ -1,0 +1,154 @@
+"""Read a Spark streaming checkpoint's splitflow state offline (no Spark, no connector code).
+
+Spark writes one file per micro-batch under ``<checkpoint>/offsets/<batch>``: a version line,
+a metadata line, then one line per source with that source's offset. A splitflow offset is
+a full checkpoint of the source (see :mod:`splitflow.spark.planner`), so this shows, for a
+batch: which slot owns each split, the slice the batch reads (``start`` to ``stop``),
+what the enumerator holds itself, and what has finished.
+
+    python -m splitflow inspect /path/to/checkpoint            # the latest batch
+    python -m splitflow inspect /path/to/checkpoint --batch 7  # a given batch
+    python -m splitflow inspect /path/to/checkpoint --json     # machine-readable
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from splitflow.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    split_id: str
+    state: str  # "reading" (owned by a slot), "unassigned" (enumerator), "finished"
+    owner: int | None
+    start: int | None
+    stop: int | None
+
+    @property
+    def records(self) -> int | None:
+        if self.start is None or self.stop is None:
+            return None
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class SourceState:
+    batch: int
+    committed: bool
+    source_index: int
+    seq: int
+    backlog: bool
+    parallelism: int
+    splits: list[SplitRow]
+
+
+def _batches(directory: str) -> list[int]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def read_checkpoint(checkpoint: str, batch: int | None = None) -> list[SourceState]:
+    """The splitflow sources' state in ``batch`` (default: the latest) of ``checkpoint``."""
+    offsets_dir = os.path.join(checkpoint, "offsets")
+    batches = _batches(offsets_dir)
+    if not batches:
+        raise ConfigurationError(
+            f"{checkpoint!r} is not a Spark streaming checkpoint: no offsets/<batch> files",
+            option="checkpoint",
+        )
+    chosen = batches[-1] if batch is None else batch
+    if chosen not in batches:
+        raise ConfigurationError(
+            f"batch {chosen} is not in {offsets_dir} (batches {batches[0]}..{batches[-1]})",
+            option="batch",
+        )
+    with open(os.path.join(offsets_dir, str(chosen)), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    committed = chosen in _batches(os.path.join(checkpoint, "commits"))
+    states = []
+    for index, line in enumerate(lines[2:]):
+        try:
+            offset = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # another source's offset in its own format
+        if isinstance(offset, dict) and "splitflow" in offset:
+            states.append(_source_state(chosen, committed, index, offset))
+    return states
+
+
+def _source_state(batch: int, committed: bool, index: int, offset: dict[str, Any]) -> SourceState:
+    rows = []
+    for slot, slices in enumerate(offset["slots"]):
+        for split_id, split, stop in slices:
+            rows.append(SplitRow(split_id, "reading", slot, int(split["position"]), int(stop)))
+    enumerator = offset.get("enumerator", {})
+    for split_id, split in enumerator.get("unassigned", {}).items():
+        rows.append(SplitRow(split_id, "unassigned", None, split.get("position"), None))
+    for split_id in enumerator.get("finished", []):
+        rows.append(SplitRow(str(split_id), "finished", None, None, None))
+    return SourceState(
+        batch=batch,
+        committed=committed,
+        source_index=index,
+        seq=int(offset["seq"]),
+        backlog=bool(offset.get("backlog", False)),
+        parallelism=len(offset["slots"]),
+        splits=sorted(rows, key=lambda r: (r.state != "reading", r.split_id)),
+    )
+
+
+def format_table(states: list[SourceState]) -> str:
+    out = []
+    for state in states:
+        loads = [sum(1 for r in state.splits if r.owner == s) for s in range(state.parallelism)]
+        out.append(
+            f"batch {state.batch} ({'committed' if state.committed else 'NOT committed'}), "
+            f"source #{state.source_index}: checkpoint {state.seq}, "
+            f"{state.parallelism} slots with {loads} splits, "
+            f"backlog {'yes' if state.backlog else 'no'}"
+        )
+        out.append(
+            f"  {'split':30s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} {'rows':>10s}"
+        )
+        for row in state.splits:
+            out.append(
+                f"  {row.split_id:30.30s} {row.state:10s} "
+                f"{'' if row.owner is None else row.owner:>4} "
+                f"{'' if row.start is None else row.start:>12} "
+                f"{'' if row.stop is None else row.stop:>12} "
+                f"{'' if row.records is None else row.records:>10}"
+            )
+    return "\n".join(out) if out else "no splitflow source in this batch"
+
+
+def to_json(states: list[SourceState]) -> str:
+    return json.dumps(
+        [
+            {
+                "batch": s.batch,
+                "committed": s.committed,
+                "source": s.source_index,
+                "checkpoint": s.seq,
+                "backlog": s.backlog,
+                "parallelism": s.parallelism,
+                "splits": [
+                    {
+                        "id": r.split_id,
+                        "state": r.state,
+                        "slot": r.owner,
+                        "start": r.start,
+                        "stop": r.stop,
+                    }
+                    for r in s.splits
+                ],
+            }
+            for s in states
+        ],
+        indent=2,
+    )

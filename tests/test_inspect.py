@@ -1,0 +1,87 @@
+"""`splitflow inspect` reads a Spark checkpoint's split state without Spark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitflow.errors import ConfigurationError
+from splitflow.inspect import format_table, read_checkpoint
+from splitflow.spark.planner import MaxRecords, Planner
+from splitflow.testing import SequenceCatalog, SequenceSource
+
+
+def write_checkpoint(root: Path, offsets: list[dict[str, object]], committed: int) -> None:
+    """Lay out offsets as Spark does: offsets/<n> = version, metadata, one line per source."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    for batch, offset in enumerate(offsets):
+        lines = ["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps(offset)]
+        (root / "offsets" / str(batch)).write_text("\n".join(lines))
+        if batch <= committed:
+            (root / "commits" / str(batch)).write_text("v1\n{}")
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    catalog = SequenceCatalog({"a": 10, "b": 4, "c": 0})
+    catalog.seal("c")
+    planner = Planner(SequenceSource(catalog), parallelism=2, clock=lambda: 0.0)
+    start = planner.initial_offset()
+    first = planner.latest_offset(start, MaxRecords(6))
+    second = planner.latest_offset(first, MaxRecords(6))
+    planner.close()
+    write_checkpoint(tmp_path, [first, second], committed=0)
+    return tmp_path
+
+
+def test_inspect_shows_each_split_with_owner_and_slice(checkpoint: Path) -> None:
+    [state] = read_checkpoint(str(checkpoint))
+    assert (state.batch, state.committed, state.parallelism) == (1, False, 2)
+    rows = {r.split_id: r for r in state.splits}
+    assert rows["c"].state == "finished"
+    reading = {sid: r for sid, r in rows.items() if r.state == "reading"}
+    assert set(reading) == {"a", "b"}
+    assert sum(r.records or 0 for r in reading.values()) == 6  # maxRecordsPerBatch
+    assert all(r.owner in (0, 1) for r in reading.values())
+    assert rows["a"].owner != rows["b"].owner  # balanced over the two slots
+
+
+def test_inspect_reads_an_older_batch_and_knows_it_committed(checkpoint: Path) -> None:
+    [state] = read_checkpoint(str(checkpoint), batch=0)
+    assert state.committed
+    assert {r.split_id: (r.start, r.stop) for r in state.splits if r.state == "reading"} == {
+        "a": (0, 4),
+        "b": (0, 2),
+    }
+    table = format_table([state])
+    assert "batch 0 (committed)" in table
+    assert "a " in table
+
+
+def test_inspect_names_what_is_wrong_with_a_bad_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="not a Spark streaming checkpoint"):
+        read_checkpoint(str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "splitflow", "inspect", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "no offsets/<batch> files" in done.stderr
+
+
+def test_inspect_command_prints_json(checkpoint: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "splitflow", "inspect", str(checkpoint), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [source] = json.loads(done.stdout)
+    assert source["parallelism"] == 2
+    assert {s["id"] for s in source["splits"]} == {"a", "b", "c"}
