@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.sequence import SequenceDataSource
 
-BUILT_IN: tuple[type[SplitflowDataSource], ...] = (SequenceDataSource,)
+BUILT_IN: tuple[type[SplitflowDataSource], ...] = (SequenceDataSource, GeneratorDataSource)
 
 
 def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
@@ -20,4 +21,11 @@ def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
         spark.dataSource.register(data_source)
 
 
-__all__ = ["BUILT_IN", "RuntimeOptions", "SequenceDataSource", "SplitflowDataSource", "register"]
+__all__ = [
+    "BUILT_IN",
+    "GeneratorDataSource",
+    "RuntimeOptions",
+    "SequenceDataSource",
+    "SplitflowDataSource",
+    "register",
+]

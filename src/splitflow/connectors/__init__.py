@@ -1,0 +1,1 @@
+"""Connectors built only on splitflow's public API (``splitflow.api`` and ``splitflow.reader``)."""
