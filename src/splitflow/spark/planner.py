@@ -18,7 +18,6 @@ path: slots report their splits and the enumerator redistributes them.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -94,11 +93,12 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
         return shares
     rest = {s: backlogs[s] - shares[s] for s in waiting}
     rest_total = sum(rest.values())
-    exact = {s: left * r / rest_total for s, r in rest.items()}
-    for split, amount in exact.items():
-        shares[split] += math.floor(amount)
+    # Integers only: floats lose records past 2**53 (a share above the backlog or budget).
+    quota = {s: divmod(left * r, rest_total) for s, r in rest.items()}
+    for split, (whole, _) in quota.items():
+        shares[split] += whole
     remainder = budget - sum(shares.values())
-    for split in sorted(exact, key=lambda s: (-(exact[s] - math.floor(exact[s])), s))[:remainder]:
+    for split in sorted(quota, key=lambda s: (-quota[s][1], s))[:remainder]:
         shares[split] += 1
     return shares
 
@@ -203,6 +203,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._pumped_at = 0.0
         self._last_batch_at = 0.0
         self._target: dict[str, int] | None = None  # AvailableNow: positions to stop at
+        self._initial: JsonDict | None = None  # the offset before the first batch
+        self._unrecorded_finish = False  # splits finished since the last planned offset
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -226,6 +228,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot in range(self.parallelism):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
         self._last = restore_from
+        self._unrecorded_finish = False
         self._pumped_at = self._last_batch_at = self._clock()
 
     def close(self) -> None:
@@ -285,13 +288,17 @@ class Planner(Generic[SplitT, EnumStateT]):
     # -- Spark's calls ------------------------------------------------------------------------
 
     def initial_offset(self) -> JsonDict:
-        """Offset before the first batch: everything assigned, nothing read. Idempotent."""
-        if self._coordinator is None:
-            self._start(None)
+        """Offset before the first batch: everything assigned, nothing read. Idempotent.
+
+        Spark calls it twice on a fresh start, and after ``prepare_available_now`` (which
+        may already have started the coordinator) under ``trigger(availableNow=True)``.
+        """
+        if self._initial is None:
+            if self._coordinator is None:
+                self._start(None)
             self._pump()
-            self._last = self._snapshot(0, {})
-        assert self._last is not None
-        return self._last.encode(self.source)
+            self._initial = self._snapshot(0, {}).encode(self.source)
+        return dict(self._initial)
 
     def prepare_available_now(self) -> None:
         """Fix the target: what exists now is read, nothing that appears later."""
@@ -304,7 +311,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._ensure(start)
         self._pump()
         extents = self._extents()
-        changed = self._finish_ended_splits(extents)
+        # A finish applied while a MinRecords limit waited still needs a batch to record it.
+        changed = self._finish_ended_splits(extents) or self._unrecorded_finish
+        self._unrecorded_finish = changed
         backlogs = {
             sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
             for slot in self._slots.values()
@@ -377,6 +386,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._settle(self.coordinator.release_held_messages())
         backlog = self.coordinator.context.is_processing_backlog
         self._last = BatchOffset(seq, enumerator, tuple(slots), backlog)
+        self._unrecorded_finish = False
         return self._last
 
     def lag(self) -> dict[str, Any]:

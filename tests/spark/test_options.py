@@ -1,0 +1,241 @@
+"""Spark options, validated before a query starts: defaults, parsing, errors that name the option.
+
+Spark passes option keys lower-cased; errors name the option as documented (camelCase) and
+quote the value at fault. The ``SequenceDataSource`` tests build the data source the way
+Spark's Python worker does at ``load()``: they need pyspark importable, not a SparkSession.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitflow.errors import ConfigurationError, SplitflowError
+from splitflow.spark import options as options_module
+from splitflow.spark.options import RuntimeOptions, parse_duration
+
+WHOLE_NUMBER_OPTIONS = [
+    "parallelism",
+    "maxRecordsPerBatch",
+    "minRecordsPerBatch",
+    "maxRecordsPerTask",
+]
+DURATION_OPTIONS = ["maxBatchDelay", "readerIdleTimeout"]
+
+
+def spark_options(**options: str) -> dict[str, str]:
+    """Options as Spark hands them over: keys lower-cased."""
+    return {key.lower(): value for key, value in options.items()}
+
+
+def parse(**options: str) -> RuntimeOptions:
+    return RuntimeOptions.parse(spark_options(**options))
+
+
+def assert_names(error: pytest.ExceptionInfo[ConfigurationError], option: str, value: str) -> None:
+    assert error.value.option == option
+    assert repr(value) in str(error.value), f"the message should quote {value!r}: {error.value}"
+
+
+# -- RuntimeOptions ------------------------------------------------------------------------------
+
+
+def test_defaults_when_no_option_is_given() -> None:
+    parsed = RuntimeOptions.parse({})
+    assert parsed == RuntimeOptions()
+    assert parsed.parallelism == 2
+    assert parsed.max_records_per_batch is None
+    assert parsed.min_records_per_batch is None
+    assert parsed.max_batch_delay == 15 * 60
+    assert parsed.max_records_per_task is None
+    assert parsed.reader_idle_timeout == 60
+
+
+def test_every_option_parses() -> None:
+    parsed = parse(
+        parallelism="8",
+        maxRecordsPerBatch="10000",
+        minRecordsPerBatch="500",
+        maxBatchDelay="2m",
+        maxRecordsPerTask="2500",
+        readerIdleTimeout="90s",
+    )
+    assert parsed == RuntimeOptions(
+        parallelism=8,
+        max_records_per_batch=10_000,
+        min_records_per_batch=500,
+        max_batch_delay=120.0,
+        max_records_per_task=2_500,
+        reader_idle_timeout=90.0,
+    )
+
+
+def test_options_are_read_under_the_lower_cased_keys_spark_passes() -> None:
+    assert RuntimeOptions.parse({"maxrecordsperbatch": "7"}).max_records_per_batch == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("500ms", 0.5),
+        ("30s", 30.0),
+        ("15m", 900.0),
+        ("1h", 3600.0),
+        ("2", 2.0),
+        ("1.5", 1.5),
+        ("0.25s", 0.25),
+        ("0", 0.0),
+        (" 10 s ", 10.0),
+    ],
+)
+def test_durations_take_ms_s_m_h_or_bare_seconds(text: str, seconds: float) -> None:
+    assert parse_duration("maxBatchDelay", text) == pytest.approx(seconds)
+    assert parse(maxBatchDelay=text).max_batch_delay == pytest.approx(seconds)
+    assert parse(readerIdleTimeout=text).reader_idle_timeout == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("option", DURATION_OPTIONS)
+@pytest.mark.parametrize("text", ["soon", "10x", "-5s", "", "1d", "s", "5 mins", "1,5s"])
+def test_a_bad_duration_is_rejected_naming_the_option_and_quoting_the_value(
+    option: str, text: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(**{option: text})
+    assert_names(error, option, text)
+
+
+@pytest.mark.parametrize("option", WHOLE_NUMBER_OPTIONS)
+@pytest.mark.parametrize("text", ["0", "-1", "many", "1.5", "", "+3", "1e3", "0x10"])
+def test_a_bad_whole_number_is_rejected_naming_the_option_and_quoting_the_value(
+    option: str, text: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(**{option: text})
+    assert_names(error, option, text)
+
+
+@pytest.mark.parametrize("option", WHOLE_NUMBER_OPTIONS + DURATION_OPTIONS)
+def test_errors_name_options_as_the_option_table_documents_them(option: str) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(**{option: "?"})
+    assert f"``{error.value.option}``" in (options_module.__doc__ or "")
+
+
+def test_min_records_per_batch_above_max_records_per_batch_is_rejected() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(minRecordsPerBatch="1000", maxRecordsPerBatch="999")
+    assert error.value.option == "minRecordsPerBatch"
+    assert "1000" in str(error.value)
+    assert "999" in str(error.value)
+    assert "maxRecordsPerBatch" in str(error.value)
+
+
+def test_min_records_per_batch_equal_to_max_records_per_batch_is_allowed() -> None:
+    parsed = parse(minRecordsPerBatch="1000", maxRecordsPerBatch="1000")
+    assert parsed.min_records_per_batch == parsed.max_records_per_batch == 1_000
+
+
+def test_a_configuration_error_is_a_value_error_under_the_splitflow_root() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(parallelism="none")
+    assert isinstance(error.value, ValueError)
+    assert isinstance(error.value, SplitflowError)
+
+
+# -- SequenceDataSource: built at load(), before any query starts ---------------------------------
+
+
+@pytest.fixture
+def sequence_data_source() -> Any:
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from splitflow.spark.sequence import SequenceDataSource
+
+    def build(**options: str) -> Any:
+        return SequenceDataSource(CaseInsensitiveDict(options))  # as Spark's worker builds it
+
+    return build
+
+
+@pytest.fixture
+def catalog_file(tmp_path: Path) -> str:
+    from splitflow.testing.sequence import SequenceCatalog
+
+    path = tmp_path / "catalog.json"
+    SequenceCatalog({"a": 3, "b": 1}, path=str(path))
+    return str(path)
+
+
+def test_sequence_data_source_builds_its_source_from_valid_options(
+    sequence_data_source: Any, catalog_file: str
+) -> None:
+    data_source = sequence_data_source(
+        catalog=catalog_file,
+        bounded="TRUE",
+        discoveryInterval="500ms",
+        fetchSize="5",
+        parallelism="3",
+    )
+    source = data_source.create_source()
+    assert source.bounded is True
+    assert source.discovery_interval == pytest.approx(0.5)
+    assert source.fetch_size == 5
+    assert source.catalog.lengths() == {"a": 3, "b": 1}
+    assert data_source.runtime.parallelism == 3
+
+
+def test_sequence_data_source_requires_a_catalog(sequence_data_source: Any) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source()
+    assert error.value.option == "catalog"
+
+
+def test_sequence_data_source_rejects_a_catalog_path_without_a_file(
+    sequence_data_source: Any, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "nowhere.json")
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=missing)
+    assert_names(error, "catalog", missing)
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=str(tmp_path))  # a directory, not a file
+    assert_names(error, "catalog", str(tmp_path))
+
+
+@pytest.mark.parametrize("text", ["yes", "1", "maybe", ""])
+def test_sequence_data_source_rejects_bounded_other_than_true_or_false(
+    sequence_data_source: Any, catalog_file: str, text: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=catalog_file, bounded=text)
+    assert_names(error, "bounded", text)
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "lots"])
+def test_sequence_data_source_rejects_a_fetch_size_below_one(
+    sequence_data_source: Any, catalog_file: str, text: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=catalog_file, fetchSize=text)
+    assert error.value.option == "fetchSize"
+    assert repr(text) in str(error.value)
+
+
+def test_sequence_data_source_rejects_a_bad_discovery_interval(
+    sequence_data_source: Any, catalog_file: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=catalog_file, discoveryInterval="often")
+    assert error.value.option == "discoveryInterval"
+    assert "'often'" in str(error.value)
+
+
+def test_sequence_data_source_rejects_bad_runtime_options_at_load(
+    sequence_data_source: Any, catalog_file: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=catalog_file, maxRecordsPerTask="0")
+    assert_names(error, "maxRecordsPerTask", "0")

@@ -1,0 +1,859 @@
+"""The driver-side planner, driven the way Spark drives it, without starting Spark.
+
+``Planner`` imports no pyspark, so these tests run in milliseconds: a fake clock, an
+in-memory :class:`~splitflow.testing.SequenceCatalog`, and a :class:`Query` that makes
+Spark's calls (``initialOffset``, ``latestOffset(start, limit)``, ``partitions(start, end)``,
+``commit(end)``) with every offset passed through JSON, as Spark persists it. "Reading" a
+batch collects the records ``[split.position, stop)`` of every slice ``plan_partitions``
+gives; across batches (and across planners, after a crash or a rescale) that must be every
+record of the catalog, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitflow.api.assigner import AssignerState
+from splitflow.errors import IncompatibleCheckpointError
+from splitflow.spark.planner import (
+    OFFSET_FORMAT,
+    BatchOffset,
+    MaxRecords,
+    MinRecords,
+    Planner,
+    ReadAll,
+    ReadLimit,
+    Slice,
+    plan_partitions,
+    share_records,
+)
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
+
+Record = tuple[str, int]
+Offset = dict[str, Any]
+DISCOVERY = 10.0  # seconds between split discoveries, on the fake clock
+READ_ALL = ReadAll()
+
+# Deterministic: the same examples on every run, nothing written to a database.
+PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=100)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A monotonic clock that moves only when a test says so."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def as_spark_stores_it(offset: Mapping[str, Any]) -> Offset:
+    """Spark keeps offsets as JSON and hands back what it parsed."""
+    parsed: Offset = json.loads(json.dumps(offset))
+    return parsed
+
+
+def records_of(
+    end: Mapping[str, Any], source: SequenceSource, max_records_per_task: int | None = None
+) -> list[Record]:
+    """What Spark's tasks read for the batch that ends at ``end``."""
+    tasks = plan_partitions(BatchOffset.decode(end, source), max_records_per_task)
+    return [
+        (piece.split.name, position)
+        for _, pieces in tasks
+        for piece in pieces
+        for position in range(piece.split.position, piece.stop)
+    ]
+
+
+def slot_splits(offset: Mapping[str, Any], source: SequenceSource) -> list[list[str]]:
+    """Split ids per slot in an offset."""
+    decoded = BatchOffset.decode(offset, source)
+    return [[piece.split.split_id for piece in slot] for slot in decoded.slots]
+
+
+def assert_exactly_once(read: Iterable[Record], expected: Iterable[Record]) -> None:
+    counts = Counter(read)
+    twice = sorted(r for r, n in counts.items() if n > 1)
+    assert not twice, f"read more than once: {twice[:10]}"
+    missing = sorted(set(expected) - counts.keys())
+    extra = sorted(counts.keys() - set(expected))
+    assert not missing, f"never read: {missing[:10]} ({len(missing)} in all)"
+    assert not extra, f"read but not in the data: {extra[:10]}"
+
+
+class Query:
+    """Makes Spark's calls on a planner and "reads" every batch it plans.
+
+    ``start``: the offset a restarted query resumes from (Spark's last logged offset);
+    without it, the query starts fresh from ``initial_offset()``.
+    """
+
+    def __init__(self, planner: Planner[Any, Any], start: Mapping[str, Any] | None = None) -> None:
+        self.planner = planner
+        self.source: SequenceSource = planner.source  # type: ignore[assignment]
+        self.offset: Offset = as_spark_stores_it(
+            planner.initial_offset() if start is None else start
+        )
+        self.read: list[Record] = []
+        self.batches: list[list[Record]] = []
+        self.ends: list[Offset] = []
+
+    def plan(self, limit: ReadLimit = READ_ALL) -> Offset | None:
+        """``latestOffset``: the end of the next batch, or None when Spark plans no batch."""
+        end = as_spark_stores_it(self.planner.latest_offset(self.offset, limit))
+        return None if end == self.offset else end
+
+    def run(self, end: Offset) -> list[Record]:
+        """Run the batch that ends at ``end``, as Spark does once it logged ``end``.
+
+        Spark commits the previous batch's end only now, after logging the next one (and
+        again after a restart), so ``commit`` lags one batch behind.
+        """
+        self.planner.commit(self.offset)
+        records = records_of(end, self.source)
+        self.read.extend(records)
+        self.batches.append(records)
+        self.ends.append(end)
+        self.offset = end
+        return records
+
+    def batch(self, limit: ReadLimit = READ_ALL) -> list[Record] | None:
+        """One trigger: plan, and run the batch if there is one."""
+        end = self.plan(limit)
+        return None if end is None else self.run(end)
+
+    def drain(self, limit: ReadLimit = READ_ALL, most: int = 1_000) -> int:
+        """Trigger until Spark would plan no batch; the number of batches run."""
+        for count in range(most):
+            if self.batch(limit) is None:
+                return count
+        raise AssertionError(f"still planning batches after {most}")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def planner_for(
+    catalog: SequenceCatalog,
+    clock: FakeClock,
+    parallelism: int = 2,
+    *,
+    bounded: bool = False,
+) -> Planner[Any, Any]:
+    """A planner on a NEW source instance, as a new streaming runner process would build."""
+    source = SequenceSource(catalog, bounded=bounded, discovery_interval=DISCOVERY)
+    return Planner(source, parallelism, clock=clock)
+
+
+# -- share_records --------------------------------------------------------------------------------
+
+
+def test_share_records_spends_exactly_the_budget_when_the_backlog_exceeds_it() -> None:
+    shares = share_records({"a": 500, "b": 300, "c": 7}, 100)
+    assert sum(shares.values()) == 100
+
+
+def test_share_records_gives_every_backlog_in_full_when_it_fits_the_budget() -> None:
+    assert share_records({"a": 5, "b": 0, "c": 3}, 8) == {"a": 5, "b": 0, "c": 3}
+    assert share_records({"a": 5, "b": 0, "c": 3}, 1_000) == {"a": 5, "b": 0, "c": 3}
+
+
+def test_share_records_shares_the_rest_in_proportion_to_backlog() -> None:
+    # One record each first, then 400 over the remaining backlogs 3000 : 1000 : 0.
+    assert share_records({"a": 3_001, "b": 1_001, "c": 1}, 403) == {"a": 301, "b": 101, "c": 1}
+
+
+def test_share_records_never_starves_a_small_split_behind_a_big_one() -> None:
+    shares = share_records({"big": 10**9, "small": 1, "tiny": 2}, 3)
+    assert shares == {"big": 1, "small": 1, "tiny": 1}
+
+
+def test_share_records_below_one_record_per_split_serves_the_largest_backlogs_first() -> None:
+    shares = share_records({"a": 1, "b": 50, "c": 20, "d": 20}, 2)
+    assert shares == {"a": 0, "b": 1, "c": 1, "d": 0}  # c before d: ties go by split id
+
+
+def test_share_records_never_gives_a_split_more_than_its_backlog() -> None:
+    shares = share_records({"a": 2, "b": 1, "c": 10_000}, 5_000)
+    assert shares["a"] <= 2
+    assert shares["b"] <= 1
+    assert sum(shares.values()) == 5_000
+
+
+def test_share_records_gives_nothing_to_splits_without_backlog() -> None:
+    assert share_records({"a": 0, "b": 0}, 10) == {"a": 0, "b": 0}
+    assert share_records({}, 10) == {}
+    assert share_records({"a": 9, "b": 0}, 0) == {"a": 0, "b": 0}
+
+
+def test_share_records_is_deterministic_whatever_the_order_of_splits() -> None:
+    backlogs = {f"s{i}": (i * 37) % 11 + 1 for i in range(20)}
+    reordered = dict(reversed(list(backlogs.items())))
+    first = share_records(backlogs, 33)
+    assert share_records(backlogs, 33) == first
+    assert share_records(reordered, 33) == first
+
+
+@st.composite
+def backlogs_and_budget(draw: st.DrawFn) -> tuple[dict[str, int], int]:
+    sizes = draw(
+        st.lists(
+            st.one_of(st.integers(0, 3), st.integers(0, 1_000), st.integers(0, 10**12)),
+            max_size=25,
+        )
+    )
+    budget = draw(st.one_of(st.integers(0, 30), st.integers(0, 10**6), st.integers(0, 10**12)))
+    return {f"split-{i:02d}": size for i, size in enumerate(sizes)}, budget
+
+
+@PROPERTY
+@given(backlogs_and_budget())
+def test_share_records_invariants_hold_for_any_backlogs_and_budget(
+    case: tuple[dict[str, int], int],
+) -> None:
+    backlogs, budget = case
+    shares = share_records(backlogs, budget)
+    waiting = [s for s, b in backlogs.items() if b > 0]
+    total = sum(backlogs[s] for s in waiting)
+
+    assert shares.keys() == backlogs.keys()
+    assert sum(shares.values()) == min(budget, total), "spends exactly the budget, or all"
+    for split, share in shares.items():
+        assert 0 <= share <= backlogs[split], f"{split}: {share} of backlog {backlogs[split]}"
+    if budget >= len(waiting):
+        starved = [s for s in waiting if shares[s] == 0]
+        assert not starved, f"splits with backlog got nothing: {starved}"
+    for a in waiting:  # a larger backlog never gets fewer records
+        for b in waiting:
+            if backlogs[a] > backlogs[b]:
+                assert shares[a] >= shares[b], (a, b)
+    if len(waiting) <= budget < total:  # one each, the rest by backlog, within one record
+        left, rest = budget - len(waiting), total - len(waiting)
+        for split in waiting:
+            ideal = 1 + left * (backlogs[split] - 1) / rest
+            assert abs(shares[split] - ideal) < 1, (split, shares[split], ideal)
+    assert share_records(dict(reversed(list(backlogs.items()))), budget) == shares
+
+
+def test_share_records_stays_exact_for_budgets_beyond_float_precision() -> None:
+    budget = 26_053_720_804_375_121
+    shares = share_records({"a": 1, "b": 718_834_393_590_046_398}, budget)
+    assert shares == {"a": 1, "b": budget - 1}
+
+
+# -- plan_partitions ------------------------------------------------------------------------------
+
+
+def batch_offset(*slots: list[tuple[str, int, int]]) -> BatchOffset[SequenceSplit, Any]:
+    """A batch whose slot ``i`` reads ``(name, start, stop)`` slices."""
+    return BatchOffset(
+        seq=1,
+        enumerator=AssignerState(),
+        slots=tuple(
+            tuple(Slice(SequenceSplit(name, position=start), stop) for name, start, stop in slot)
+            for slot in slots
+        ),
+    )
+
+
+def tasks_as_ranges(
+    tasks: list[tuple[int, list[Slice[SequenceSplit]]]],
+) -> list[tuple[int, list[tuple[str, int, int]]]]:
+    return [(slot, [(s.split.name, s.split.position, s.stop) for s in ss]) for slot, ss in tasks]
+
+
+def test_plan_partitions_is_pure_the_same_offset_gives_the_same_tasks(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 40, "b": 7, "c": 0, "d": 13})
+    planner = planner_for(catalog, clock, parallelism=3)
+    end = as_spark_stores_it(planner.latest_offset(planner.initial_offset(), MaxRecords(30)))
+    catalog.append("a", 100)  # the data moving on changes nothing about a planned batch
+    first = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, planner.source), 4))
+    again = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, planner.source), 4))
+    elsewhere = SequenceSource(catalog, discovery_interval=DISCOVERY)  # another process
+    there = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, elsewhere), 4))
+    assert first == again == there
+    assert sum(stop - start for _, ranges in first for _, start, stop in ranges) == 30
+
+
+def test_plan_partitions_without_a_cap_gives_one_task_per_slot_with_records() -> None:
+    end = batch_offset([("a", 3, 20), ("b", 0, 0)], [("c", 5, 5)], [("d", 0, 9), ("e", 1, 2)])
+    assert tasks_as_ranges(plan_partitions(end, None)) == [
+        (0, [("a", 3, 20)]),
+        (2, [("d", 0, 9), ("e", 1, 2)]),
+    ]
+
+
+def test_plan_partitions_makes_no_task_for_empty_slices() -> None:
+    end = batch_offset([("a", 4, 4), ("b", 0, 0)], [], [("c", 9, 9)])
+    assert plan_partitions(end, None) == []
+    assert plan_partitions(end, 1) == []
+    mixed = batch_offset([("a", 4, 4), ("b", 0, 2), ("c", 7, 7)])
+    assert tasks_as_ranges(plan_partitions(mixed, 1)) == [(0, [("b", 0, 1)]), (0, [("b", 1, 2)])]
+
+
+def test_max_records_per_task_cuts_a_range_into_contiguous_tasks_of_at_most_n() -> None:
+    end = batch_offset([("a", 10, 21)])
+    assert tasks_as_ranges(plan_partitions(end, 4)) == [
+        (0, [("a", 10, 14)]),
+        (0, [("a", 14, 18)]),
+        (0, [("a", 18, 21)]),
+    ]
+
+
+def test_max_records_per_task_packs_a_slots_slices_into_as_few_tasks_as_possible() -> None:
+    end = batch_offset([("a", 0, 3), ("b", 5, 10)], [("c", 0, 2)])
+    assert tasks_as_ranges(plan_partitions(end, 4)) == [
+        (0, [("a", 0, 3), ("b", 5, 6)]),
+        (0, [("b", 6, 10)]),
+        (1, [("c", 0, 2)]),
+    ]
+
+
+@st.composite
+def slots_and_cap(draw: st.DrawFn) -> tuple[list[list[tuple[str, int, int]]], int | None]:
+    names = iter(f"s{i}" for i in range(1_000))
+    slots = draw(
+        st.lists(
+            st.lists(st.tuples(st.integers(0, 50), st.integers(0, 30)), max_size=5), max_size=4
+        )
+    )
+    cap = draw(st.none() | st.integers(1, 12))
+    return [[(next(names), start, start + n) for start, n in slot] for slot in slots], cap
+
+
+@PROPERTY
+@given(slots_and_cap())
+def test_plan_partitions_covers_every_slice_exactly_in_tasks_of_at_most_n(
+    case: tuple[list[list[tuple[str, int, int]]], int | None],
+) -> None:
+    slots, cap = case
+    tasks = plan_partitions(batch_offset(*slots), cap)
+    assert tasks == plan_partitions(batch_offset(*slots), cap)
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for slot, task in tasks:
+        assert task, "no empty task"
+        assert all(s.stop > s.split.position for s in task), "no empty slice in a task"
+        assert cap is None or sum(s.records for s in task) <= cap
+        for piece in task:
+            assert piece.split.name in {name for name, _, _ in slots[slot]}, "stays in its slot"
+            pieces.setdefault(piece.split.name, []).append((piece.split.position, piece.stop))
+    for slot_id, slot in enumerate(slots):
+        for name, start, stop in slot:
+            ranges = pieces.get(name, [])
+            covered = [p for a, b in ranges for p in range(a, b)]
+            assert covered == list(range(start, stop)), f"{name}: {ranges} vs [{start}, {stop})"
+        slot_total = sum(stop - start for _, start, stop in slot)
+        slot_tasks = sum(1 for owner, _ in tasks if owner == slot_id)
+        fewest = 0 if slot_total == 0 else 1 if cap is None else math.ceil(slot_total / cap)
+        assert slot_tasks == fewest
+
+
+# -- initial_offset and latest_offset -------------------------------------------------------------
+
+
+def test_initial_offset_is_idempotent_as_spark_calls_it_twice_on_a_fresh_start(
+    clock: FakeClock,
+) -> None:
+    planner = planner_for(SequenceCatalog({"a": 5, "b": 3}), clock)
+    first = planner.initial_offset()
+    assert planner.initial_offset() == first
+    assert first["seq"] == 0
+
+
+def test_initial_offset_assigns_every_split_to_one_slot_and_reads_nothing(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({f"s{i}": i for i in range(5)})
+    planner = planner_for(catalog, clock, parallelism=2)
+    start = as_spark_stores_it(planner.initial_offset())
+    slots = slot_splits(start, planner.source)
+    assert sorted(sid for slot in slots for sid in slot) == [f"s{i}" for i in range(5)]
+    assert sorted(len(slot) for slot in slots) == [2, 3]
+    assert records_of(start, planner.source) == []
+
+
+def test_initial_offset_stays_the_offset_before_the_first_batch(clock: FakeClock) -> None:
+    planner = planner_for(SequenceCatalog({"a": 5}), clock)
+    start = planner.initial_offset()
+    planner.latest_offset(start, ReadAll())
+    assert planner.initial_offset() == start
+
+
+def test_latest_offset_returns_start_unchanged_when_nothing_is_new(clock: FakeClock) -> None:
+    query = Query(planner_for(SequenceCatalog({"a": 5, "b": 2}), clock))
+    query.drain()
+    start = query.offset
+    assert query.planner.latest_offset(start, ReadAll()) == start
+    assert query.planner.latest_offset(start, MaxRecords(10)) == start
+    clock.advance(3 * DISCOVERY)  # discovery runs, finds nothing new
+    assert query.planner.latest_offset(start, ReadAll()) == start
+
+
+def test_latest_offset_plans_the_next_seq_when_records_arrive(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 0})
+    query = Query(planner_for(catalog, clock))
+    assert query.plan() is None
+    catalog.append("a", 4)
+    end = query.plan()
+    assert end is not None
+    assert end["seq"] == query.offset["seq"] + 1
+    assert query.run(end) == [("a", i) for i in range(4)]
+
+
+def test_an_empty_catalog_plans_no_batch(clock: FakeClock) -> None:
+    query = Query(planner_for(SequenceCatalog(), clock))
+    assert query.plan() is None
+    assert query.planner.lag()["splits"] == {}
+
+
+# -- read limits ----------------------------------------------------------------------------------
+
+
+def test_read_all_reads_everything_available_in_one_batch(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 30, "b": 1, "c": 0, "d": 12})
+    query = Query(planner_for(catalog, clock, parallelism=3))
+    assert query.drain(ReadAll()) == 1
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_max_records_limits_every_batch_and_reads_everything_in_the_end(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 100, "b": 10, "c": 1, "d": 0})
+    query = Query(planner_for(catalog, clock, parallelism=2))
+    batches = query.drain(MaxRecords(20))
+    assert batches == math.ceil(111 / 20)
+    assert all(len(batch) <= 20 for batch in query.batches)
+    assert [len(batch) for batch in query.batches[:-1]] == [20] * (batches - 1)
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_max_records_shares_a_batch_over_splits_by_backlog(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"big": 900, "small": 100, "tiny": 1})
+    query = Query(planner_for(catalog, clock, parallelism=2))
+    batch = query.batch(MaxRecords(101))
+    assert batch is not None
+    per_split = Counter(name for name, _ in batch)
+    assert per_split == share_records({"big": 900, "small": 100, "tiny": 1}, 101)
+    assert per_split["tiny"] == 1  # not starved behind the big ones
+    assert 8 <= per_split["big"] / per_split["small"] <= 10  # about 900 : 100
+
+
+def test_max_records_reads_each_split_in_order_from_where_the_last_batch_stopped(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 50, "b": 50})
+    query = Query(planner_for(catalog, clock))
+    query.drain(MaxRecords(7))
+    for name in ("a", "b"):
+        assert [p for n, p in query.read if n == name] == list(range(50))
+
+
+def test_min_records_waits_until_enough_records_arrived(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 3, "b": 3})
+    query = Query(planner_for(catalog, clock))
+    limit = MinRecords(10, max_delay=60.0)
+    assert query.plan(limit) is None
+    catalog.append("a", 3)
+    clock.advance(30)
+    assert query.plan(limit) is None  # 9 < 10 and only 30 s waited
+    catalog.append("b", 1)
+    batch = query.batch(limit)
+    assert batch is not None
+    assert len(batch) == 10
+
+
+def test_min_records_reads_what_there_is_once_max_delay_passed(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 3})
+    query = Query(planner_for(catalog, clock))
+    limit = MinRecords(10, max_delay=60.0)
+    clock.advance(59.5)
+    assert query.plan(limit) is None
+    clock.advance(0.5)
+    assert query.batch(limit) == [("a", 0), ("a", 1), ("a", 2)]
+
+
+def test_min_records_waits_again_after_each_batch(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 10})
+    query = Query(planner_for(catalog, clock))
+    limit = MinRecords(10, max_delay=60.0)
+    assert query.batch(limit) is not None
+    catalog.append("a", 2)
+    clock.advance(59)
+    assert query.plan(limit) is None
+    clock.advance(1)
+    assert query.batch(limit) == [("a", 10), ("a", 11)]
+
+
+def test_min_records_then_limit_caps_the_batch_it_lets_through(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 20, "b": 5})
+    query = Query(planner_for(catalog, clock))
+    limit = MinRecords(10, max_delay=60.0, then=MaxRecords(4))
+    batch = query.batch(limit)
+    assert batch is not None
+    assert len(batch) == 4
+
+
+# -- discovery, appends, finished and removed splits ----------------------------------------------
+
+
+def test_a_split_added_to_the_catalog_is_read_once_the_discovery_interval_passed(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 2})
+    query = Query(planner_for(catalog, clock))
+    query.drain()
+    catalog.add("new", 5)
+    clock.advance(DISCOVERY / 2)
+    assert query.plan() is None  # not discovered yet
+    clock.advance(DISCOVERY / 2)
+    assert query.batch() == [("new", i) for i in range(5)]
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_records_appended_to_a_split_are_read_in_a_following_batch(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 2, "b": 0})
+    query = Query(planner_for(catalog, clock))
+    query.drain()
+    catalog.append("b", 3)
+    catalog.append("a", 1)
+    assert sorted(query.batch() or []) == [("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_a_sealed_split_read_to_its_end_is_finished_in_a_batch_without_records(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 5, "b": 3})
+    query = Query(planner_for(catalog, clock))
+    query.drain()
+    catalog.seal("a")
+    end = query.plan()
+    assert end is not None, "the ownership change needs a batch, even without records"
+    assert end["seq"] == query.offset["seq"] + 1
+    assert query.run(end) == []
+    decoded = BatchOffset.decode(end, query.source)
+    assert "a" in decoded.enumerator.finished
+    assert "a" not in decoded.enumerator.assigned
+    assert all("a" not in slot for slot in slot_splits(end, query.source))
+    assert "a" in query.planner.coordinator.enumerator.finished_splits()  # type: ignore[attr-defined]
+    assert "a" not in query.planner.lag()["splits"]
+    assert query.plan() is None  # finished once, not again in every batch
+
+
+def test_a_finished_split_gets_its_batch_under_min_records_once_max_delay_passed(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 5, "b": 3})
+    query = Query(planner_for(catalog, clock))
+    query.drain()
+    catalog.seal("a")
+    limit = MinRecords(10, max_delay=60.0)
+    assert query.plan(limit) is None  # waiting for records or for max_delay
+    clock.advance(60)
+    end = query.plan(limit)
+    assert end is not None
+    assert "a" in BatchOffset.decode(end, query.source).enumerator.finished
+
+
+def test_a_sealed_split_is_read_to_its_end_before_it_finishes(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 5})
+    query = Query(planner_for(catalog, clock))
+    catalog.seal("a")
+    assert query.batch(MaxRecords(3)) == [("a", 0), ("a", 1), ("a", 2)]
+    assert query.batch(MaxRecords(3)) == [("a", 3), ("a", 4)]
+    assert query.batch(MaxRecords(3)) == []  # finished
+    assert query.plan(MaxRecords(3)) is None
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_a_bounded_source_finishes_every_split_after_reading_it(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 4, "b": 2})
+    query = Query(planner_for(catalog, clock, bounded=True))
+    catalog.append("a", 10)  # beyond the end the bounded split was discovered with
+    query.drain()
+    assert sorted(query.read) == [("a", i) for i in range(4)] + [("b", 0), ("b", 1)]
+    finished = BatchOffset.decode(query.offset, query.source).enumerator.finished
+    assert finished == frozenset({"a", "b"})
+    assert slot_splits(query.offset, query.source) == [[], []]
+
+
+def test_a_removed_split_is_dropped_from_its_slot(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 3, "b": 3})
+    query = Query(planner_for(catalog, clock))
+    query.drain()
+    catalog.remove("b")
+    clock.advance(DISCOVERY)
+    catalog.append("a", 1)
+    assert query.batch() == [("a", 3)]
+    assert "b" not in query.planner.lag()["splits"]
+    assert all("b" not in slot for slot in slot_splits(query.offset, query.source))
+    enumerator = BatchOffset.decode(query.offset, query.source).enumerator
+    assert "b" not in enumerator.assigned
+    assert all(s.split_id != "b" for s in enumerator.unassigned)
+
+
+# -- AvailableNow ---------------------------------------------------------------------------------
+
+
+def test_available_now_reads_only_what_existed_when_prepared(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 5})
+    existing = catalog.records()
+    planner = planner_for(catalog, clock)
+    query = Query(planner)
+    planner.prepare_available_now()
+    catalog.append("a", 5)
+    catalog.add("late", 4)
+    clock.advance(DISCOVERY)
+    query.drain(MaxRecords(4))
+    assert_exactly_once(query.read, existing)
+    catalog.append("late", 1)
+    clock.advance(DISCOVERY)
+    assert query.plan(MaxRecords(4)) is None
+
+
+def test_available_now_on_a_fresh_query_prepares_before_the_initial_offset(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 5})
+    existing = catalog.records()
+    planner = planner_for(catalog, clock)
+    planner.prepare_available_now()  # Spark: in MicroBatchExecution.logicalPlan
+    catalog.append("a", 5)
+    query = Query(planner)  # initialOffset, then the batches
+    query.drain(MaxRecords(4))
+    assert_exactly_once(query.read, existing)
+
+
+def test_available_now_after_a_restart_reads_up_to_what_existed_when_prepared(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 5})
+    first = Query(planner_for(catalog, clock))
+    first.batch(MaxRecords(6))
+    catalog.append("b", 5)
+    existing = catalog.records()
+
+    restarted = planner_for(catalog, clock)
+    restarted.prepare_available_now()
+    catalog.append("a", 3)
+    catalog.add("late", 2)
+    clock.advance(DISCOVERY)
+    second = Query(restarted, start=first.offset)
+    second.drain(MaxRecords(4))
+    assert_exactly_once(first.read + second.read, existing)
+
+
+# -- replay and restore after a driver crash ------------------------------------------------------
+
+
+def grow(catalog: SequenceCatalog, step: int) -> None:
+    """Change the data between batches: appends, a new split, a sealed one."""
+    catalog.append("a", 3 + step)
+    if step == 1:
+        catalog.add(f"new{step}", 4)
+    if step == 2:
+        catalog.seal("c")
+    catalog.append("b", step % 2)
+
+
+def run_batches(query: Query, catalog: SequenceCatalog, clock: FakeClock, count: int) -> None:
+    for step in range(count):
+        grow(catalog, step)
+        clock.advance(DISCOVERY)
+        query.batch(MaxRecords(9))
+
+
+@pytest.mark.parametrize("crash_after", [0, 1, 3])
+def test_a_new_planner_restores_from_the_last_offset_and_continues_exactly_once(
+    clock: FakeClock, crash_after: int
+) -> None:
+    catalog = SequenceCatalog({"a": 20, "b": 5, "c": 2, "d": 0})
+    before = Query(planner_for(catalog, clock, parallelism=2))
+    run_batches(before, catalog, clock, crash_after)
+    logged = before.offset  # the driver dies; Spark's offset log ends here
+
+    grow(catalog, 5)
+    after = Query(planner_for(catalog, clock, parallelism=2), start=logged)
+    after.drain(MaxRecords(9))
+    catalog.append("d", 2)
+    clock.advance(DISCOVERY)
+    after.drain(MaxRecords(9))
+    assert_exactly_once(before.read + after.read, catalog.records())
+
+
+def test_a_batch_planned_but_not_logged_is_planned_again_after_the_crash(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 20, "b": 5, "c": 2})
+    before = Query(planner_for(catalog, clock))
+    run_batches(before, catalog, clock, 2)
+    lost = before.plan(MaxRecords(9))  # planned, then the driver died before Spark logged it
+    assert lost is not None
+
+    after = Query(planner_for(catalog, clock), start=before.offset)
+    after.drain(MaxRecords(9))
+    assert_exactly_once(before.read + after.read, catalog.records())
+
+
+def test_a_replayed_batch_reads_the_same_records_and_the_query_continues(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({"a": 20, "b": 5, "c": 2})
+    before = Query(planner_for(catalog, clock))
+    run_batches(before, catalog, clock, 2)
+    logged = before.plan(MaxRecords(9))  # in Spark's offset log; the driver dies mid-batch
+    assert logged is not None
+    planned_by_old = tasks_as_ranges(plan_partitions(BatchOffset.decode(logged, before.source), 4))
+    catalog.append("a", 7)
+
+    new_planner = planner_for(catalog, clock)
+    # Spark replays with partitions(start, end) before any latestOffset call
+    planned_by_new = tasks_as_ranges(
+        plan_partitions(BatchOffset.decode(logged, new_planner.source), 4)
+    )
+    assert planned_by_new == planned_by_old
+    after = Query(new_planner, start=before.offset)
+    after.run(logged)
+    after.drain(MaxRecords(9))
+    assert_exactly_once(before.read + after.read, catalog.records())
+
+
+def test_a_finished_split_stays_finished_after_a_restore(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 4, "b": 2})
+    catalog.seal("b")
+    before = Query(planner_for(catalog, clock))
+    before.drain()
+    assert "b" in BatchOffset.decode(before.offset, before.source).enumerator.finished
+
+    after = Query(planner_for(catalog, clock), start=before.offset)
+    clock.advance(DISCOVERY)
+    catalog.append("a", 1)
+    after.drain()
+    assert after.read == [("a", 4)]
+    assert "b" in BatchOffset.decode(after.offset, after.source).enumerator.finished
+
+
+# -- rescale --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 1), (2, 3), (3, 5), (4, 2), (1, 4)])
+def test_a_restart_with_another_parallelism_balances_splits_and_stays_exactly_once(
+    clock: FakeClock, old: int, new: int
+) -> None:
+    catalog = SequenceCatalog({f"s{i:02d}": 3 * i + 1 for i in range(11)})
+    before = Query(planner_for(catalog, clock, parallelism=old))
+    before.batch(MaxRecords(40))
+    before.batch(MaxRecords(40))
+    for i in range(0, 11, 3):
+        catalog.append(f"s{i:02d}", 5)
+
+    after = Query(planner_for(catalog, clock, parallelism=new), start=before.offset)
+    end = after.plan(MaxRecords(40))
+    assert end is not None
+    loads = [len(slot) for slot in slot_splits(end, after.source)]
+    assert len(loads) == new
+    assert sum(loads) == 11
+    assert max(loads) - min(loads) <= 1, f"slot loads {loads}"
+    owners = Counter(info["owner"] for info in after.planner.lag()["splits"].values())
+    assert sorted(owners.values()) == sorted(load for load in loads if load)
+    after.run(end)
+    after.drain(MaxRecords(40))
+    assert_exactly_once(before.read + after.read, catalog.records())
+
+
+# -- offsets --------------------------------------------------------------------------------------
+
+
+def test_offsets_stay_compact_with_a_thousand_splits(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({f"split-{i:04d}": 1_000 + i for i in range(1_000)})
+    query = Query(planner_for(catalog, clock, parallelism=8))
+    end = query.plan(MaxRecords(250_000))
+    assert end is not None
+    per_split = len(json.dumps(end)) / 1_000
+    print(f"\nBatch offset with 1,000 splits (10-char ids): {per_split:.1f} bytes per split")
+    assert per_split < 200
+
+
+def test_batch_offset_round_trips_through_json(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 9, "b": 4})
+    catalog.seal("b")
+    query = Query(planner_for(catalog, clock))
+    query.drain(MaxRecords(5))
+    decoded = BatchOffset.decode(query.offset, query.source)
+    assert decoded.encode(query.source) == query.offset
+    assert BatchOffset.decode(as_spark_stores_it(decoded.encode(query.source)), query.source) == (
+        decoded
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"splitflow": OFFSET_FORMAT + 1, "seq": 3},
+        {"splitflow": "1", "seq": 3},
+        {"seq": 3, "slots": []},
+        {"topic": {"0": 42}},  # some other source's offset
+    ],
+)
+def test_batch_offset_decode_rejects_an_unknown_format(
+    clock: FakeClock, data: dict[str, Any]
+) -> None:
+    source = SequenceSource(SequenceCatalog({"a": 1}))
+    with pytest.raises(IncompatibleCheckpointError) as caught:
+        BatchOffset.decode(data, source)
+    assert caught.value.found == data.get("splitflow")
+    assert caught.value.expected == OFFSET_FORMAT
+
+
+def test_commit_is_idempotent_and_may_lag_behind_planning(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 30})
+    planner = planner_for(catalog, clock)
+    start = planner.initial_offset()
+    planner.commit(start)
+    first = planner.latest_offset(start, MaxRecords(10))
+    second = planner.latest_offset(first, MaxRecords(10))  # Spark commits batch k after k+1
+    planner.commit(first)
+    planner.commit(first)
+    planner.commit(second)
+    third = planner.latest_offset(second, MaxRecords(10))
+    assert [o["seq"] for o in (first, second, third)] == [1, 2, 3]
+
+
+# -- lag ------------------------------------------------------------------------------------------
+
+
+def test_lag_reports_owner_position_latest_and_lag_per_split(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 4})
+    query = Query(planner_for(catalog, clock, parallelism=2))
+    query.batch(MaxRecords(6))
+    catalog.append("b", 2)
+    lag = query.planner.lag()
+    owners = {
+        sid: slot for slot, ids in enumerate(slot_splits(query.offset, query.source)) for sid in ids
+    }
+    read = Counter(name for name, _ in query.read)
+    assert lag["backlog"] is False
+    assert lag["splits"] == {
+        "a": {"owner": owners["a"], "position": read["a"], "latest": 10, "lag": 10 - read["a"]},
+        "b": {"owner": owners["b"], "position": read["b"], "latest": 6, "lag": 6 - read["b"]},
+    }
+    assert read["a"] + read["b"] == 6
