@@ -40,11 +40,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
 
-from splitflow.api.events import SourceEvent
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
 from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector
+from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
@@ -96,18 +97,30 @@ class SplitflowDataSource(DataSource):
 
 @dataclass
 class SlicePartition(InputPartition):
-    """One task: a slot's slices ``[(encoded split at start, stop), ...]`` of batch ``seq``."""
+    """Task ``index`` of batch ``seq``: slot ``slot`` reads ``[(encoded split, stop), ...]``.
 
+    ``events`` are the enumerator's events for the slot's reader (encoded).
+    """
+
+    index: int
     slot: int
     seq: int
     split_codec: int
     slices: list[tuple[dict[str, Any], int]]
+    events: list[str]
 
     def __init__(
-        self, slot: int, seq: int, split_codec: int, slices: list[tuple[dict[str, Any], int]]
+        self,
+        index: int,
+        slot: int,
+        seq: int,
+        split_codec: int,
+        slices: list[tuple[dict[str, Any], int]],
+        events: list[str],
     ) -> None:
-        super().__init__(slot)
-        self.slot, self.seq, self.split_codec, self.slices = slot, seq, split_codec, slices
+        super().__init__(index)
+        self.index, self.slot, self.seq = index, slot, seq
+        self.split_codec, self.slices, self.events = split_codec, slices, events
 
 
 def _partitions(
@@ -116,14 +129,19 @@ def _partitions(
     codec = source.split_codec
     return [
         SlicePartition(
-            slot, end.seq, codec.version, [(codec.encode(s.split), s.stop) for s in slices]
+            index,
+            slot,
+            end.seq,
+            codec.version,
+            [(codec.encode(s.split), s.stop) for s in slices],
+            encode_events(end.to_readers.get(slot, ())),
         )
-        for slot, slices in plan_partitions(end, runtime.max_records_per_task)
+        for index, (slot, slices) in enumerate(plan_partitions(end, runtime.max_records_per_task))
     ]
 
 
 class _TaskContext:
-    """The reader context inside a Spark task. Events to the coordinator are logged only."""
+    """The reader context inside a Spark task: events are kept for the state directory."""
 
     def __init__(self, slot: int) -> None:
         self._slot = slot
@@ -165,11 +183,14 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     stops = {
         split.split_id: stop for split, (_, stop) in zip(splits, partition.slices, strict=True)
     }
-    reader = source.create_reader(_TaskContext(partition.slot))
+    context = _TaskContext(partition.slot)
+    reader = source.create_reader(context)
     reader.start()
     out: Collector[Any] = Collector()
     idle_timeout = data_source.runtime.reader_idle_timeout
     try:
+        for event in decode_events(partition.events):
+            reader.handle_source_event(event)
         reader.add_splits(splits, stop_at=stops)
         reader.notify_no_more_splits()
         while True:
@@ -178,7 +199,7 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
                 yield from out
                 out.clear()
             if status is InputStatus.END_OF_INPUT:
-                return
+                break
             if status is InputStatus.NOTHING_AVAILABLE and not reader.wait_available(idle_timeout):
                 unfinished = {s.split_id: s.position for s in reader.snapshot_state(-1)}
                 raise ConnectorError(
@@ -188,6 +209,23 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
                 )
     finally:
         reader.close()
+    _record_events(data_source, partition, context.events)
+
+
+def _record_events(
+    data_source: SplitflowDataSource, partition: SlicePartition, events: list[SourceEvent]
+) -> None:
+    """Leave the reader's events for the enumerator (applied once the batch completed)."""
+    state_dir = data_source.runtime.state_dir
+    if state_dir is not None:
+        EventStore(state_dir).write(partition.seq, partition.index, partition.slot, events)
+    elif any(not isinstance(e, SplitsFinishedEvent) for e in events):
+        log.warning(
+            "splitflow: %d reader event(s) of batch %d dropped: set option stateDir to "
+            "deliver reader events to the enumerator",
+            len(events),
+            partition.seq,
+        )
 
 
 class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -209,7 +247,10 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _driver(self) -> Planner[Any, Any]:
         if self._planner is None:
-            self._planner = Planner(self._ds.create_source(), self._ds.runtime.parallelism)
+            runtime = self._ds.runtime
+            self._planner = Planner(
+                self._ds.create_source(), runtime.parallelism, state_dir=runtime.state_dir
+            )
             self._close_on_sigterm()
         return self._planner
 

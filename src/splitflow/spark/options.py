@@ -13,6 +13,9 @@ option                        default    meaning
                                          records (skew, oversized replays)
 ``readerIdleTimeout``         60s        a task fails, naming its splits, when nothing
                                          arrives this long before its planned stops
+``stateDir``                  (none)     directory for the query's source state: reader
+                                         events travel to the enumerator through it (on a
+                                         cluster: a filesystem all nodes share)
 ============================  =========  =====================================================
 
 Durations take ``ms``, ``s``, ``m`` or ``h`` (``"500ms"``, ``"30s"``, ``"15m"``); a bare number
@@ -62,6 +65,7 @@ class RuntimeOptions:
     max_batch_delay: float = 900.0
     max_records_per_task: int | None = None
     reader_idle_timeout: float = 60.0
+    state_dir: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RuntimeOptions:
@@ -82,6 +86,7 @@ class RuntimeOptions:
             max_batch_delay=duration("maxBatchDelay", 900.0),
             max_records_per_task=whole("maxRecordsPerTask"),
             reader_idle_timeout=duration("readerIdleTimeout", 60.0),
+            state_dir=options.get("statedir") or None,
         )
         low, high = parsed.min_records_per_batch, parsed.max_records_per_batch
         if low is not None and high is not None and low > high:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
-from splitflow.api.events import SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
 from splitflow.api.source import Source
 from splitflow.api.split import JsonDict, SplitT, with_position
 from splitflow.coordinator.checkpoint import redistribute_reader_states
@@ -37,6 +37,7 @@ from splitflow.coordinator.coordinator import (
 )
 from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import IncompatibleCheckpointError
+from splitflow.spark.events import EventStore, decode_events, encode_events
 
 log = logging.getLogger("splitflow.spark")
 
@@ -126,7 +127,13 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     enumerator: EnumStateT
     slots: tuple[tuple[Slice[SplitT], ...], ...]
     backlog: bool = False
-    extents: Mapping[str, SplitExtent] = field(default_factory=dict, compare=False)
+    events_through: int = 0
+    """Reader events of batches up to this one are applied to ``enumerator``."""
+    to_readers: Mapping[int, tuple[SourceEvent, ...]] = field(default_factory=dict)
+    """Events from the enumerator for each slot's tasks of this batch."""
+
+    def has_tasks(self, slot: int) -> bool:
+        return any(s.records > 0 for s in self.slots[slot])
 
     @property
     def parallelism(self) -> int:
@@ -152,6 +159,8 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 for slot in self.slots
             ],
             "backlog": self.backlog,
+            "events_through": self.events_through,
+            "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
         }
 
     @classmethod
@@ -174,6 +183,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 for slot in data["slots"]
             ),
             backlog=bool(data.get("backlog", False)),
+            events_through=int(data.get("events_through", 0)),
+            to_readers={
+                int(r): tuple(decode_events(e)) for r, e in data.get("to_readers", {}).items()
+            },
         )
 
 
@@ -192,9 +205,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         parallelism: int,
         *,
         clock: Callable[[], float] = time.monotonic,
+        state_dir: str | None = None,
     ) -> None:
         self.source = source
         self.parallelism = parallelism
+        self._events = EventStore(state_dir) if state_dir else None
+        self._events_through = 0
+        self._to_readers: dict[int, list[SourceEvent]] = {}
         self._clock = clock
         self._coordinator: SourceCoordinator[SplitT, EnumStateT] | None = None
         self._scheduler = ManualScheduler()
@@ -229,6 +246,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
         self._last = restore_from
         self._unrecorded_finish = False
+        self._events_through = restore_from.events_through if restore_from else 0
+        self._to_readers = {}
         self._pumped_at = self._last_batch_at = self._clock()
 
     def close(self) -> None:
@@ -252,12 +271,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
                 slot.pop(split_id, None)
+        elif isinstance(message, ReaderEvent):
+            self._to_readers.setdefault(reader_id, []).append(message.event)
         elif isinstance(message, NoMoreSplits):
             pass  # a slot ends when its splits end; nothing to do
-        else:
-            log.warning(
-                "splitflow: event %r for slot %d is not delivered on Spark", message, reader_id
-            )
 
     # -- driving the coordinator ------------------------------------------------------------
 
@@ -309,6 +326,7 @@ class Planner(Generic[SplitT, EnumStateT]):
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
         self._ensure(start)
+        self._apply_reader_events(int(start["seq"]))
         self._pump()
         extents = self._extents()
         # A finish applied while a MinRecords limit waited still needs a batch to record it.
@@ -340,6 +358,16 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = int(end["seq"])
         if self._coordinator is not None and seq > 0:
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
+        if self._events is not None:
+            self._events.discard_through(int(end.get("events_through", 0)))
+
+    def _apply_reader_events(self, completed: int) -> None:
+        """Hand the enumerator the events of batches up to ``completed``, once each."""
+        if self._events is not None:
+            for seq in range(self._events_through + 1, completed + 1):
+                for slot, event in self._events.read(seq):
+                    self._settle(self.coordinator.handle_source_event(slot, event))
+        self._events_through = max(self._events_through, completed)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -385,7 +413,24 @@ class Planner(Generic[SplitT, EnumStateT]):
             slots.append(tuple(slices))
         self._settle(self.coordinator.release_held_messages())
         backlog = self.coordinator.context.is_processing_backlog
-        self._last = BatchOffset(seq, enumerator, tuple(slots), backlog)
+        to_readers: dict[int, list[SourceEvent]] = {}
+        if self._last is not None:  # events whose slot had no task in the last batch wait on
+            for slot_id, waiting in self._last.to_readers.items():
+                if slot_id >= self.parallelism:
+                    log.warning("splitflow: dropping events for slot %d (rescaled)", slot_id)
+                elif not self._last.has_tasks(slot_id):
+                    to_readers.setdefault(slot_id, []).extend(waiting)
+        for slot_id, queued in self._to_readers.items():
+            to_readers.setdefault(slot_id, []).extend(queued)
+        self._to_readers = {}
+        self._last = BatchOffset(
+            seq,
+            enumerator,
+            tuple(slots),
+            backlog,
+            self._events_through,
+            {slot: tuple(events) for slot, events in to_readers.items()},
+        )
         self._unrecorded_finish = False
         return self._last
 

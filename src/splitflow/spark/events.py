@@ -1,0 +1,75 @@
+"""Reader-to-coordinator events on Spark: once per committed batch, through a state directory.
+
+A Spark task cannot call the driver, so a task writes the events its reader sent to
+``<stateDir>/events/<batch seq>/<task index>`` when it has read its slice. The file is written
+atomically and holds the same events whichever attempt writes it (a reader's events are a
+function of its slice), so retries and speculative attempts leave exactly one copy. When the
+planner plans batch ``n + 1``, batch ``n`` has completed: it hands batch ``n``'s events to the
+enumerator and records in the new offset that events up to ``n`` are applied. After a
+restart, the planner applies exactly the batches the restored offset has not.
+
+On a cluster the state directory must be on a filesystem every executor and the driver share.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import shutil
+from collections.abc import Sequence
+
+from splitflow.api.events import SourceEvent
+
+
+def encode_events(events: Sequence[SourceEvent]) -> list[str]:
+    """Events as strings that fit in JSON (they pickle, by contract)."""
+    return [base64.b64encode(pickle.dumps(e)).decode("ascii") for e in events]
+
+
+def decode_events(data: Sequence[str]) -> list[SourceEvent]:
+    events = [pickle.loads(base64.b64decode(item)) for item in data]
+    for event in events:
+        if not isinstance(event, SourceEvent):
+            raise TypeError(f"not a SourceEvent in a splitflow offset: {event!r}")
+    return events
+
+
+class EventStore:
+    """The events directory of one query's state directory."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.root = os.path.join(state_dir, "events")
+
+    def _batch(self, seq: int) -> str:
+        return os.path.join(self.root, str(seq))
+
+    def write(self, seq: int, task: int, slot: int, events: Sequence[SourceEvent]) -> None:
+        """Record what task ``task`` of batch ``seq`` (slot ``slot``) sent. Idempotent."""
+        directory = self._batch(seq)
+        os.makedirs(directory, exist_ok=True)
+        target = os.path.join(directory, f"{task:06d}")
+        temporary = f"{target}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as f:
+            pickle.dump((slot, list(events)), f)
+        os.replace(temporary, target)
+
+    def read(self, seq: int) -> list[tuple[int, SourceEvent]]:
+        """Batch ``seq``'s events as ``(slot, event)``, in task order."""
+        directory = self._batch(seq)
+        if not os.path.isdir(directory):
+            return []
+        result: list[tuple[int, SourceEvent]] = []
+        for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
+            with open(os.path.join(directory, name), "rb") as f:
+                slot, events = pickle.load(f)
+            result.extend((slot, event) for event in events)
+        return result
+
+    def discard_through(self, seq: int) -> None:
+        """Forget the events of batches up to ``seq`` (applied and checkpointed)."""
+        if not os.path.isdir(self.root):
+            return
+        for name in os.listdir(self.root):
+            if name.isdigit() and int(name) <= seq:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)

@@ -1,0 +1,129 @@
+"""Reader events reach the enumerator once per completed batch; enumerator events reach the
+next batch's tasks of their slot. Driven through the planner, without Spark."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitflow.api.assigner import AssignerState
+from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
+from splitflow.api.events import SourceEvent
+from splitflow.spark.events import EventStore
+from splitflow.spark.planner import BatchOffset, MaxRecords, Planner, ReadAll
+from splitflow.testing import SequenceCatalog, SequenceSource, SequenceSplit
+from splitflow.testing.sequence import SequenceEnumerator
+
+HANDLED: list[tuple[int, int]] = []
+
+
+@dataclass(frozen=True)
+class Ping(SourceEvent):
+    n: int
+
+
+class PingEnumerator(SequenceEnumerator):
+    """Records every Ping and answers the sending slot with Ping(n + 1)."""
+
+    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
+        if isinstance(event, Ping):
+            HANDLED.append((reader_id, event.n))
+            self.context.send_event_to_source_reader(reader_id, Ping(event.n + 1))
+        super().handle_source_event(reader_id, event)
+
+
+class PingSource(SequenceSource):
+    def create_enumerator(
+        self, context: SplitEnumeratorContext[SequenceSplit]
+    ) -> SplitEnumerator[SequenceSplit, AssignerState[SequenceSplit]]:
+        return PingEnumerator(self, context, None)
+
+    def restore_enumerator(
+        self, context: SplitEnumeratorContext[SequenceSplit], state: AssignerState[SequenceSplit]
+    ) -> SplitEnumerator[SequenceSplit, AssignerState[SequenceSplit]]:
+        return PingEnumerator(self, context, state)
+
+
+def roundtrip(offset: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(offset)))  # as Spark stores it
+
+
+def setup(tmp_path: Path) -> tuple[SequenceCatalog, PingSource, Planner[Any, Any]]:
+    HANDLED.clear()
+    catalog = SequenceCatalog({"a": 100, "b": 100})
+    source = PingSource(catalog)
+    return catalog, source, Planner(source, 2, clock=lambda: 0.0, state_dir=str(tmp_path))
+
+
+def test_event_store_keeps_one_copy_per_task_and_forgets_applied_batches(tmp_path: Path) -> None:
+    store = EventStore(str(tmp_path))
+    store.write(3, 1, slot=0, events=[Ping(1)])
+    store.write(3, 1, slot=0, events=[Ping(1)])  # a retried attempt
+    store.write(3, 0, slot=1, events=[Ping(7), Ping(8)])
+    assert store.read(3) == [(1, Ping(7)), (1, Ping(8)), (0, Ping(1))]
+    store.write(4, 0, slot=0, events=[Ping(2)])
+    store.discard_through(3)
+    assert store.read(3) == []
+    assert store.read(4) == [(0, Ping(2))]
+
+
+def test_reader_events_reach_the_enumerator_once_per_completed_batch(tmp_path: Path) -> None:
+    _, source, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    store = EventStore(str(tmp_path))
+    store.write(1, 0, slot=0, events=[Ping(10)])
+    store.write(1, 0, slot=0, events=[Ping(10)])  # task retried: same file, same events
+    assert HANDLED == []  # batch 1 has not completed yet as far as the planner knows
+    end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))
+    assert HANDLED == [(0, 10)]
+    assert end2["events_through"] == 1
+    planner.commit(end1)
+    planner.latest_offset(end2, MaxRecords(10))
+    assert HANDLED == [(0, 10)]  # never twice
+
+    # A driver crash after end2 was written: a new planner restores from end2, which says
+    # batch 1's events are in its enumerator state: they are not applied again.
+    HANDLED.clear()
+    again: Planner[Any, Any] = Planner(source, 2, clock=lambda: 0.0, state_dir=str(tmp_path))
+    again.latest_offset(end2, MaxRecords(10))
+    assert HANDLED == []
+    # A crash before end2 was written: restoring from end1 applies batch 1's events once.
+    replay: Planner[Any, Any] = Planner(source, 2, clock=lambda: 0.0, state_dir=str(tmp_path))
+    replay.latest_offset(end1, MaxRecords(10))
+    assert HANDLED == [(0, 10)]
+
+
+def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path) -> None:
+    _, source, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, MaxRecords(10))), source)
+    assert end2.to_readers == {1: (Ping(2),)}
+    assert end2.has_tasks(1)
+    end3 = BatchOffset.decode(
+        roundtrip(planner.latest_offset(end2.encode(source), MaxRecords(10))), source
+    )
+    assert end3.to_readers == {}  # delivered with batch 2's tasks, not again
+
+
+def test_an_enumerator_event_waits_for_a_batch_where_its_slot_has_a_task(tmp_path: Path) -> None:
+    catalog, source, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, ReadAll()))  # reads all 200: nothing left
+    EventStore(str(tmp_path)).write(1, 0, slot=0, events=[Ping(5)])
+    catalog.append("b", 3)  # only slot 1's split has data in batch 2
+    offset2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, ReadAll())), source)
+    owner_of_b = next(i for i, slot in enumerate(offset2.slots) if slot[0].split.name == "b")
+    assert owner_of_b == 1
+    assert offset2.to_readers == {0: (Ping(6),)}
+    assert not offset2.has_tasks(0)
+    catalog.append("a", 2)
+    offset3 = BatchOffset.decode(
+        roundtrip(planner.latest_offset(offset2.encode(source), ReadAll())), source
+    )
+    assert offset3.has_tasks(0)
+    assert offset3.to_readers == {0: (Ping(6),)}  # carried over to a batch that runs slot 0
