@@ -22,9 +22,9 @@ import logging
 import signal
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
-from splitflow.errors import ConfigurationError, ConnectorError
+from splitflow.errors import ConnectorError
 from splitflow.reader.output import Collector
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.options import RuntimeOptions
@@ -231,8 +231,6 @@ def _record_events(
 class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Spark's streaming reader for a splitflow source (see the module doc)."""
 
-    _terminating: ClassVar[bool] = False
-
     def __init__(self, data_source: SplitflowDataSource) -> None:
         self._ds = data_source
         self._planner: Planner[Any, Any] | None = None
@@ -344,17 +342,10 @@ class SplitflowBatchReader(DataSourceReader):
         return read_partition(self._ds, partition)
 
 
-def check_options(options: Mapping[str, str]) -> None:
-    """Validate the runtime options alone (for tools that do not build a source)."""
-    RuntimeOptions.parse({k.lower(): v for k, v in options.items()})
-
-
 __all__ = [
-    "ConfigurationError",
     "SlicePartition",
     "SplitflowBatchReader",
     "SplitflowDataSource",
     "SplitflowStreamReader",
-    "check_options",
     "read_partition",
 ]
