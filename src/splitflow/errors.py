@@ -7,6 +7,7 @@
     ├── ContractViolation           a connector (or runtime) broke an API contract
     │   └── SplitOwnershipError     a split would be lost or owned twice
     ├── ConnectorError              the external system failed (always ``raise ... from exc``)
+    │   └── DataLossError           records planned for reading no longer exist
     ├── SourceFailedError           the coordinator failed; ``__cause__`` is the original error
     ├── CheckpointDeclinedError     a checkpoint cannot be taken now (retry later)
     └── IncompatibleCheckpointError a checkpoint was written by an incompatible version
@@ -50,6 +51,18 @@ class SplitOwnershipError(ContractViolation):
 
 class ConnectorError(SplitflowError):
     """The external system a connector reads failed (unreachable, refused, corrupt data)."""
+
+
+class DataLossError(ConnectorError):
+    """Records that were planned for reading no longer exist (a deleted split, a purge).
+
+    Raised when a source's ``failOnDataLoss`` policy is on (the default); with it off, the
+    connector skips what was lost and logs a warning instead. ``split_id`` names the split.
+    """
+
+    def __init__(self, message: str, *, split_id: str) -> None:
+        super().__init__(message)
+        self.split_id = split_id
 
 
 class SourceFailedError(SplitflowError):

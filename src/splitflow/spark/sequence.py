@@ -1,7 +1,9 @@
 """The test source on Spark: ``spark.readStream.format("splitflow-sequence")``.
 
 Options: ``catalog`` (path of a :class:`~splitflow.testing.SequenceCatalog` JSON file,
-required), ``bounded`` (``true``/``false``), ``discoveryInterval`` (duration; unset:
+required), ``bounded`` (``true``/``false``), ``failOnDataLoss`` (default ``true``: a split
+that vanishes under a planned batch fails the query with a DataLossError; ``false``: its
+lost records are skipped with a warning), ``discoveryInterval`` (duration; unset:
 discover once), ``fetchSize`` (records per fetch), plus the runtime options of
 :mod:`splitflow.spark.options`. Rows are ``(split string, position bigint)``.
 """
@@ -24,6 +26,14 @@ class SequenceDataSource(SplitflowDataSource):
     def schema(self) -> str:
         return "split string, position bigint"
 
+    def _flag(self, option: str, default: str) -> bool:
+        value = self.options.get(option.lower(), default).strip().lower()
+        if value not in ("true", "false"):
+            raise ConfigurationError(
+                f"option {option}: {value!r} is not true or false", option=option
+            )
+        return value == "true"
+
     def create_source(self) -> SequenceSource:
         path = self.options.get("catalog")
         if not path:
@@ -33,16 +43,14 @@ class SequenceDataSource(SplitflowDataSource):
             )
         if not os.path.isfile(path):
             raise ConfigurationError(f"option catalog: no file at {path!r}", option="catalog")
-        bounded = self.options.get("bounded", "false").strip().lower()
-        if bounded not in ("true", "false"):
-            raise ConfigurationError(
-                f"option bounded: {bounded!r} is not true or false", option="bounded"
-            )
+        bounded = self._flag("bounded", "false")
+        fail_on_data_loss = self._flag("failOnDataLoss", "true")
         interval = self.options.get("discoveryinterval")
         fetch = self.options.get("fetchsize")
         return SequenceSource(
             SequenceCatalog(path=path),
-            bounded=bounded == "true",
+            bounded=bounded,
+            fail_on_data_loss=fail_on_data_loss,
             discovery_interval=None
             if interval is None
             else parse_duration("discoveryInterval", interval),

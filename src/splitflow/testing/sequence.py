@@ -191,6 +191,9 @@ class SequenceSource(
     ``bounded``: splits end at their length when discovered and input ends after them.
     ``discovery_interval``: seconds between discoveries (``None``: once).
     ``strategy``: name of the assignment strategy: ``balanced``, ``round_robin``, ``hash``.
+    ``fail_on_data_loss``: a split that vanishes while a reader holds a planned slice of it
+    fails the reader with :class:`~splitflow.errors.DataLossError` (default), or, when
+    false, ends that split with a warning (its remaining planned records are gone).
     """
 
     def __init__(
@@ -201,6 +204,7 @@ class SequenceSource(
         discovery_interval: float | None = None,
         strategy: str = "balanced",
         fetch_size: int = 100,
+        fail_on_data_loss: bool = True,
     ) -> None:
         if fetch_size < 1:
             raise ConfigurationError(
@@ -211,6 +215,7 @@ class SequenceSource(
         self.discovery_interval = discovery_interval
         self.strategy = strategy
         self.fetch_size = fetch_size
+        self.fail_on_data_loss = fail_on_data_loss
         self._catalog = catalog  # kept alive while the source lives
 
     def __getstate__(self) -> dict[str, Any]:

@@ -7,10 +7,11 @@ with :class:`~splitflow.reader.SourceReaderBase`: a :class:`SequenceSplitReader`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from splitflow.api.reader import SourceReader, SourceReaderContext
-from splitflow.errors import ConfigurationError
+from splitflow.errors import ConfigurationError, DataLossError
 from splitflow.reader import (
     Positioned,
     PositionedEmitter,
@@ -26,6 +27,8 @@ from splitflow.testing.sequence import (
     SequenceSplit,
 )
 
+log = logging.getLogger("splitflow.testing")
+
 
 class SequenceSplitReader(SplitReader[Positioned[SequenceRecord], SequenceSplit]):
     """Reads :class:`SequenceSplit` slices from a catalog, ``fetch_size`` records per fetch.
@@ -33,19 +36,24 @@ class SequenceSplitReader(SplitReader[Positioned[SequenceRecord], SequenceSplit]
     A split with ``end`` is bounded: it ends at ``end``. Without, it reads the records that
     exist now (``catalog.length(name)``) and then has nothing available until more are
     appended. A split whose name vanished from the catalog has nothing available (the
-    enumerator removes it). Splits take turns: each fetch starts one split further on, so
+    enumerator removes it); under a planned slice (a ``stop``) it is data loss: a
+    :class:`~splitflow.errors.DataLossError`, or with ``fail_on_data_loss=False`` the split
+    ends with a warning. Splits take turns: each fetch starts one split further on, so
     a long split does not starve the others.
 
     Thread: the :class:`~splitflow.reader.SplitReader` contract; ``fetch`` never blocks.
     """
 
-    def __init__(self, catalog: SequenceCatalog, fetch_size: int) -> None:
+    def __init__(
+        self, catalog: SequenceCatalog, fetch_size: int, *, fail_on_data_loss: bool = True
+    ) -> None:
         if fetch_size < 1:
             raise ConfigurationError(
                 f"fetch_size must be >= 1, got {fetch_size!r}", option="fetch_size"
             )
         self._catalog = catalog
         self._fetch_size = fetch_size
+        self._fail_on_data_loss = fail_on_data_loss
         self._reading: dict[str, _Cursor] = {}
         self._turn = 0
 
@@ -66,7 +74,7 @@ class SequenceSplitReader(SplitReader[Positioned[SequenceRecord], SequenceSplit]
         start = self._turn % len(cursors)
         self._turn = start + 1
         for cursor in cursors[start:] + cursors[:start]:
-            budget -= cursor.read(self._catalog, budget, batch)
+            budget -= cursor.read(self._catalog, budget, batch, self._fail_on_data_loss)
             if cursor.done:
                 del self._reading[cursor.name]
             if budget == 0:
@@ -92,9 +100,24 @@ class _Cursor:
         catalog: SequenceCatalog,
         budget: int,
         batch: RecordsBySplits[Positioned[SequenceRecord]],
+        fail_on_data_loss: bool,
     ) -> int:
         """Add up to ``budget`` records to ``batch``; return how many."""
         extent = catalog.extent(self.name)
+        if extent is None and self.stop is not None and self.position < self.stop:
+            # Vanished under a planned slice: those records are gone for good, and no
+            # removal event will reach a reader of a bounded slice (a Spark task).
+            lost = f"records [{self.position}, {self.stop}) of split {self.name}"
+            if fail_on_data_loss:
+                raise DataLossError(
+                    f"{lost} were planned for reading but the split no longer exists "
+                    "(set failOnDataLoss=false to skip lost records)",
+                    split_id=self.name,
+                )
+            log.warning("splitflow: %s are lost: the split vanished (failOnDataLoss=false)", lost)
+            batch.mark_ended(self.name)
+            self.done = True
+            return 0
         if extent is None:
             return 0  # vanished: nothing available until the enumerator removes the split
         length, sealed = extent
@@ -124,7 +147,9 @@ def create_sequence_reader(
     """
     catalog, fetch_size = source.catalog, source.fetch_size
     return SourceReaderBase(
-        lambda: SequenceSplitReader(catalog, fetch_size),
+        lambda: SequenceSplitReader(
+            catalog, fetch_size, fail_on_data_loss=source.fail_on_data_loss
+        ),
         PositionedEmitter[SequenceRecord, SequenceSplit](),
         context,
         fetch_threads=fetch_threads,

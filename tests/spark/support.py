@@ -1,0 +1,173 @@
+"""Helpers of the Spark end-to-end tests: start a query, wait for it, check the sink.
+
+Every wait polls with a hard timeout; nothing sleeps and hopes. The sink is always read
+back with Spark (``spark.read.parquet``), never with pyarrow: Spark's file sink lists the
+files of committed batches in ``_spark_metadata``, and a part file left by a killed or
+crashed attempt is in the folder but not in that log. Reading the folder raw would count
+such leftovers; reading it as Spark does is the exactly-once contract of the sink.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitflow.testing.sequence import SequenceCatalog
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SOURCE = "splitflow-sequence"
+FAULTY = "splitflow-sequence-faulty"
+TRIGGER = "500 milliseconds"
+
+
+def spark_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) plus what Spark's Python workers need.
+
+    ``PYSPARK_PYTHON``: this interpreter (it has splitflow and pyarrow); ``SPARK_LOCAL_IP``:
+    no loopback-hostname lookup; ``PYTHONPATH``: the repository root first, so executors
+    import ``tests.spark.sources``. Workers inherit the JVM's environment: set it before the
+    session starts.
+    """
+    env = dict(os.environ if base is None else base)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        paths.insert(0, str(REPO_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def wait_until(what: str, check: Callable[[], T], timeout: float, step: float = 0.05) -> T:
+    """Poll ``check`` until it returns something true; return it. Fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(step)
+
+
+def start_stream(
+    spark: Any,
+    catalog: SequenceCatalog,
+    out: Path,
+    checkpoint: Path,
+    *,
+    source: str = SOURCE,
+    trigger: Mapping[str, Any] | None = None,
+    columns: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Stream ``catalog`` into Parquet at ``out`` with ``checkpoint``; return the query.
+
+    ``options`` are the source's options (values are turned into strings); ``trigger`` the
+    keyword arguments of ``DataStreamWriter.trigger`` (default: every 500 ms); ``columns``:
+    name -> ``Column``, added to the source's two columns.
+    """
+    reader = spark.readStream.format(source).option("catalog", catalog.path)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    frame = reader.load()
+    for name, column in (columns or {}).items():
+        frame = frame.withColumn(name, column)
+    return (
+        frame.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**(trigger or {"processingTime": TRIGGER}))
+        .start()
+    )
+
+
+def sink_rows(spark: Any, out: Path) -> list[tuple[str, int]]:
+    """The ``(split, position)`` rows of committed batches in the Parquet sink, sorted."""
+    return sorted((r["split"], r["position"]) for r in spark.read.parquet(str(out)).collect())
+
+
+def assert_exactly_once(rows: list[tuple[str, int]], expected: list[tuple[str, int]]) -> None:
+    """Every expected record once: no duplicate, nothing missing, nothing unexpected."""
+    duplicates = sorted(r for r, n in Counter(rows).items() if n > 1)
+    missing = sorted(set(expected) - set(rows))
+    unexpected = sorted(set(rows) - set(expected))
+    assert not duplicates, f"{len(duplicates)} records more than once, e.g. {duplicates[:10]}"
+    assert not missing, f"{len(missing)} of {len(expected)} records missing, e.g. {missing[:10]}"
+    assert not unexpected, f"{len(unexpected)} records not in the catalog: {unexpected[:10]}"
+    assert sorted(rows) == sorted(expected)
+
+
+def source_progress(progress: Mapping[str, Any]) -> Mapping[str, Any]:
+    (source,) = progress["sources"]
+    return source
+
+
+def reported_splits(progress: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Split id -> ``{owner, position, latest, lag}`` from the source's ``reportLatestOffset``.
+
+    Spark calls ``reportLatestOffset`` right after planning the batch the progress is about,
+    so ``position`` is where that batch stops.
+    """
+    if not progress:
+        return {}
+    latest = source_progress(progress).get("latestOffset")
+    if not latest or latest == "null":
+        return {}
+    return dict(json.loads(latest)["splits"])
+
+
+def end_offset(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """The splitflow offset of the batch the progress is about (its ``endOffset``)."""
+    return dict(json.loads(source_progress(progress)["endOffset"]))
+
+
+def caught_up(query: Any, catalog: SequenceCatalog, *, ignore: Iterable[str] = ()) -> bool:
+    """The last completed batch reached the end of every split the catalog has now."""
+    splits = reported_splits(query.lastProgress)
+    lengths = {s: n for s, n in catalog.lengths().items() if s not in set(ignore)}
+    return bool(lengths) and all(
+        s in splits and splits[s]["position"] == n for s, n in lengths.items()
+    )
+
+
+def wait_caught_up(
+    query: Any, catalog: SequenceCatalog, timeout: float = 60, *, ignore: Iterable[str] = ()
+) -> None:
+    def check() -> bool:
+        if query.exception() is not None:
+            raise AssertionError(f"the query failed: {query.exception()}")
+        return caught_up(query, catalog, ignore=ignore)
+
+    wait_until(f"the query to read all of {catalog.lengths()}", check, timeout)
+
+
+def data_batches(query: Any) -> list[dict[str, Any]]:
+    """The progress of each batch that read rows, once per batch id, in batch order."""
+    by_batch = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"] > 0}
+    return [by_batch[b] for b in sorted(by_batch)]
+
+
+def log_ids(checkpoint: Path, log: str) -> list[int]:
+    """Batch ids written to ``<checkpoint>/<log>`` (``offsets`` or ``commits``)."""
+    folder = checkpoint / log
+    if not folder.is_dir():
+        return []
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def owner_loads(splits: Mapping[str, Mapping[str, Any]], parallelism: int) -> list[int]:
+    """How many splits each of ``parallelism`` slots owns."""
+    loads = [0] * parallelism
+    for info in splits.values():
+        loads[int(info["owner"])] += 1
+    return loads
