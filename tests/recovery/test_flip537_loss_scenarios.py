@@ -15,7 +15,7 @@ import pytest
 from splitflow.api.assigner import AssignerState
 from splitflow.api.assignment import Assignment, BalancedAssignment
 from splitflow.coordinator import Checkpoint
-from splitflow.errors import CheckpointDeclinedError
+from splitflow.errors import CheckpointDeclinedError, ContractViolation
 from splitflow.testing import (
     ENUMERATOR,
     SequenceCatalog,
@@ -271,4 +271,17 @@ def test_stale_report_of_a_split_another_reader_finished_is_ignored() -> None:
     harness.fail_reader(0)
     owners = harness.ownership(assigning_enumerator_owned)
     assert "b" not in owners
+    assert_exactly_once(harness, catalog.records())
+
+
+def test_a_checkpoint_taken_before_a_failover_cannot_complete_after_it() -> None:
+    # Found by the stateful test: completing such a checkpoint would restore a reader past
+    # records whose output the failover rolled back.
+    catalog = SequenceCatalog({"a": 1})
+    harness: Harness = SourceHarness(SequenceSource(catalog), 1)
+    harness.poll(0, max_polls=1)
+    taken = harness.checkpoint()
+    harness.fail_reader(0)
+    with pytest.raises(ContractViolation, match=f"checkpoint {taken} was aborted"):
+        harness.complete(taken)
     assert_exactly_once(harness, catalog.records())

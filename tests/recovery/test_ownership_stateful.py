@@ -106,6 +106,7 @@ class SplitOwnership(RuleBasedStateMachine):
         reader = data.draw(st.sampled_from(sorted(self.harness.slots)))
         before = self._split_ids_by_reader()
         self.harness.fail_reader(reader)
+        self.open_checkpoints = []  # a failure aborts checkpoints in flight
         after = self._split_ids_by_reader()
         for other, split_ids in before.items():
             if other != reader:

@@ -135,6 +135,7 @@ class SourceHarness(Generic[RecordT, SplitT, EnumStateT]):
         self.source = source
         self.parallelism = parallelism
         self.checkpoints: dict[int, Checkpoint[SplitT, EnumStateT]] = {}
+        self._aborted: set[int] = set()
         self.last_completed: Checkpoint[SplitT, EnumStateT] | None = restore_from
         self._ids = itertools.count((restore_from.checkpoint_id + 1) if restore_from else 1)
         self._committed_before: list[RecordT] = []
@@ -285,7 +286,21 @@ class SourceHarness(Generic[RecordT, SplitT, EnumStateT]):
         return checkpoint_id
 
     def complete(self, checkpoint_id: int) -> None:
-        """The checkpoint is durable: commit output up to it, tell coordinator and readers."""
+        """The checkpoint is durable: commit output up to it, tell coordinator and readers.
+
+        Raises :class:`~splitflow.errors.ContractViolation` for a checkpoint a failure
+        aborted (taken before a failover, it holds state the failover rolled back) or one
+        older than the last completed checkpoint.
+        """
+        if checkpoint_id in self._aborted:
+            raise ContractViolation(
+                f"checkpoint {checkpoint_id} was aborted by a failure after it was taken"
+            )
+        if self.last_completed is not None and checkpoint_id <= self.last_completed.checkpoint_id:
+            raise ContractViolation(
+                f"checkpoint {checkpoint_id} is not newer than the last completed one, "
+                f"{self.last_completed.checkpoint_id}"
+            )
         self.last_completed = self.checkpoints[checkpoint_id]
         self._restore_points = {r: list(ss) for r, ss in self.last_completed.readers.items()}
         for slot in self.slots.values():
@@ -298,8 +313,17 @@ class SourceHarness(Generic[RecordT, SplitT, EnumStateT]):
 
     # -- failures -------------------------------------------------------------------------
 
+    def _abort_pending(self) -> None:
+        """A failure aborts every checkpoint taken and not completed (as Flink does)."""
+        done = self.last_completed.checkpoint_id if self.last_completed else 0
+        self._aborted.update(c for c in self.checkpoints if c > done)
+
     def fail_reader(self, reader_id: int) -> None:
-        """Partial failover of one reader, restarted from the last completed checkpoint."""
+        """Partial failover of one reader, restarted from the last completed checkpoint.
+
+        Checkpoints taken and not completed are aborted.
+        """
+        self._abort_pending()
         slot = self.slots.pop(reader_id)
         self._committed_before.extend(slot.output[: slot.committed])
         slot.reader.close()
@@ -311,8 +335,10 @@ class SourceHarness(Generic[RecordT, SplitT, EnumStateT]):
     def restore(self, parallelism: int | None = None) -> None:
         """Global failover: restart everything from the last completed checkpoint.
 
-        ``parallelism`` changes the number of readers (a rescale).
+        ``parallelism`` changes the number of readers (a rescale). Checkpoints taken and not
+        completed are aborted.
         """
+        self._abort_pending()
         for slot in self.slots.values():
             self._committed_before.extend(slot.output[: slot.committed])
             slot.reader.close()
