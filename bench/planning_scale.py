@@ -1,0 +1,421 @@
+"""Driver-side planning time per micro-batch, and offset size, at 100, 10k and 100k splits.
+
+Runs the real :class:`~splitflow.spark.planner.Planner` (no Spark, no pyspark import) on the
+:class:`~splitflow.testing.sequence.SequenceSource` over an in-memory
+:class:`~splitflow.testing.sequence.SequenceCatalog` of ``N`` splits, with ``parallelism``
+reader slots (8; ``--parallelism 8,200`` adds more), and times what Spark's streaming runner
+process does on the driver for each micro-batch. Offsets go through ``json`` exactly as the
+runner (``pyspark.sql.streaming.python_streaming_source_runner``) passes them to the JVM and
+back. The planner's clock advances one second per batch and ``discoveryInterval`` is one
+second, so every batch also runs a discovery (as in a query whose ``discoveryInterval`` is
+at most its trigger interval).
+
+Phases of one batch (``batch`` is their sum: the driver's planning time per batch):
+
+======================  =====================================================================
+``latestOffset``        ``json.loads(start)``, ``Planner.latest_offset(start, limit)``,
+                        ``json.dumps(end)``
+``reportLatestOffset``  ``Planner.lag()`` and ``json.dumps`` (Spark asks on every trigger)
+``partitions``          ``json.loads`` of start and end, the end offset decoded,
+                        ``plan_partitions``, each task's slices and events encoded as in
+                        ``SlicePartition``, each task pickled
+``commit``              ``json.loads(end)``, ``Planner.commit`` (of the batch before)
+======================  =====================================================================
+
+Also per size: ``initialOffset`` (start, first discovery, assignment of every split, encode),
+an ``idle trigger`` (``latestOffset`` and ``reportLatestOffset`` with nothing new, which Spark
+repeats on every trigger while a query is idle), ``decode`` (``BatchOffset.decode`` of a
+parsed end offset), ``restore`` (a new Planner's first ``latest_offset`` from an existing
+offset: a restarted query), the end offset's JSON size, and the time CPython's cyclic
+garbage collector took during the run (with the number of full collections).
+
+Two workloads, each split starting with 1,000 records; before each batch 10% of the splits
+(a window that moves each batch) get 10 records more:
+
+* ``max``: ``MaxRecords(10_000)`` (``maxRecordsPerBatch``): a query that is behind, every
+  split has a backlog, so each batch shares the budget over all ``N`` splits.
+* ``all``: ``ReadAll`` after a first batch (not timed) that reads the initial records: steady
+  state, each batch reads what was appended.
+
+Each size runs ``--reps`` times (3), the sizes interleaved in alternating order, with
+``gc.collect()`` before every run (collections during a run count: the runner has them
+too); a run times ``--batches`` (5) batches per workload and keeps the median of each phase.
+Tables show medians over repetitions. A ratio compares time per split,
+``(t_big / n_big) / (t_small / n_small)``, as the median of per-repetition ratios: 1.0 is
+linear growth; below 1, fixed costs still weigh at the smaller size.
+
+The last line is ``RESULT planning_ms_per_batch_<largest size>=<ms> target=<=2000``: the
+``batch`` time of the slower workload at the largest size and the first parallelism. The
+full run's largest size is 100k (``planning_ms_per_batch_100k``). ``--quick`` (under a
+minute, for ``make bench-quick``) runs 100, 1k and 10k splits and reports
+``planning_ms_per_batch_10k``: the name always states the size it measured, so a quick run
+is never mistaken for the 100k figure. The 2,000 ms target is meant for 100k; a quick run
+far below it only says nothing is badly broken. A missed target prints ``MISS`` before
+``RESULT``; the exit code is 0 either way (a failed correctness check exits 1).
+
+``--gc-threshold 50000,20,10`` calls ``gc.set_threshold`` first (to measure a tuned runner
+process); ``--profile N`` prints a ``cProfile`` of one run at ``N`` splits instead.
+
+Usage::
+
+    python bench/planning_scale.py                       # 100, 10k, 100k splits; parallelism 8
+    python bench/planning_scale.py --parallelism 8,200   # and at parallelism 200
+    python bench/planning_scale.py --quick               # 100, 1k, 10k
+    python bench/planning_scale.py --profile 100000      # where the time goes
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import itertools
+import json
+import os
+import pickle
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
+
+from splitflow.api.assigner import AssignerState
+from splitflow.spark.events import encode_events
+from splitflow.spark.planner import BatchOffset, MaxRecords, Planner, ReadAll, plan_partitions
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
+
+T = TypeVar("T")
+Limit = ReadAll | MaxRecords
+State = AssignerState[SequenceSplit]
+
+TARGET_MS = 2000.0
+INITIAL_RECORDS = 1_000
+APPEND_RECORDS = 10
+APPEND_FRACTION = 0.10
+MAX_RECORDS = 10_000
+BATCH_PHASES = ("latestOffset", "reportLatestOffset", "partitions", "commit")
+WORKLOADS = ("max", "all")
+
+
+class BenchError(Exception):
+    """The planner did not do what the benchmark needs (a correctness failure)."""
+
+
+class Clock:
+    """The planner's clock: moves only when the benchmark says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Run:
+    """One run of one size: times in seconds (batch phases: median over the run's batches)."""
+
+    splits: int
+    parallelism: int
+    times: dict[str, float] = field(default_factory=dict)
+    offset_bytes: int = 0
+    records: dict[str, int] = field(default_factory=dict)  # workload -> records per batch
+    gc_seconds: float = 0.0
+    gc_full: int = 0
+
+    def batch(self, workload: str) -> float:
+        return sum(self.times[f"{workload}/{phase}"] for phase in BATCH_PHASES)
+
+
+class GcClock:
+    """Time spent in CPython's cyclic garbage collector, and full collections, while on."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info["generation"] == 2
+
+
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+class Runner:
+    """What the streaming runner process does with the planner, JSON in and out."""
+
+    def __init__(self, source: SequenceSource, parallelism: int, clock: Clock) -> None:
+        self.source = source
+        self.planner: Planner[SequenceSplit, State] = Planner(source, parallelism, clock=clock)
+
+    def initial_offset(self) -> str:
+        return json.dumps(self.planner.initial_offset())
+
+    def latest_offset(self, start: str, limit: Limit) -> str:
+        return json.dumps(self.planner.latest_offset(json.loads(start), limit))
+
+    def report_latest_offset(self) -> str:
+        return json.dumps(self.planner.lag())
+
+    def partitions(self, start: str, end: str) -> int:
+        """Records the batch reads; does what ``SplitflowStreamReader.partitions`` does."""
+        json.loads(start)
+        parsed = json.loads(end)
+        # The reader decodes ``end``; a Planner with ``planned`` (a proposed patch, see
+        # docs/benchmarks.md) hands back the offset it planned instead.
+        planned = getattr(self.planner, "planned", None)
+        offset: BatchOffset[SequenceSplit, State] = (
+            planned(parsed) if planned is not None else BatchOffset.decode(parsed, self.source)
+        )
+        codec = self.source.split_codec
+        tasks = [
+            (
+                index,
+                slot,
+                offset.seq,
+                codec.version,
+                [(codec.encode(s.split), s.stop) for s in slices],
+                encode_events(offset.to_readers.get(slot, ())),
+            )
+            for index, (slot, slices) in enumerate(plan_partitions(offset, None))
+        ]
+        for task in tasks:
+            pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
+        return sum(stop - split["position"] for task in tasks for split, stop in task[4])
+
+    def commit(self, end: str) -> None:
+        self.planner.commit(json.loads(end))
+
+
+def _append(catalog: SequenceCatalog, names: Sequence[str], batch: int) -> None:
+    """Give 10% of the splits (a window that moves each batch) ``APPEND_RECORDS`` more."""
+    count = max(1, int(len(names) * APPEND_FRACTION))
+    first = batch * count
+    for i in range(first, first + count):
+        catalog.append(names[i % len(names)], APPEND_RECORDS)
+
+
+def _batches(
+    runner: Runner,
+    catalog: SequenceCatalog,
+    names: Sequence[str],
+    clock: Clock,
+    start: str,
+    limit: Limit,
+    count: int,
+) -> tuple[dict[str, float], str, int]:
+    """Run ``count`` batches: median time per phase, the last end offset, records per batch."""
+    samples: dict[str, list[float]] = {phase: [] for phase in BATCH_PHASES}
+    records: list[int] = []
+    previous: str | None = None
+    for batch in range(count):
+        _append(catalog, names, batch)
+        clock.now += 1.0
+        t, end = _timed(partial(runner.latest_offset, start, limit))
+        samples["latestOffset"].append(t)
+        samples["reportLatestOffset"].append(_timed(runner.report_latest_offset)[0])
+        if end == start:
+            raise BenchError(f"batch {batch}: the planner planned nothing, data was appended")
+        t, read = _timed(partial(runner.partitions, start, end))
+        samples["partitions"].append(t)
+        records.append(read)
+        if previous is not None:  # Spark commits batch k after it wrote batch k+1's offsets
+            samples["commit"].append(_timed(partial(runner.commit, previous))[0])
+        previous, start = start, end
+    samples["commit"].append(_timed(partial(runner.commit, start))[0])
+    medians = {phase: statistics.median(ts) for phase, ts in samples.items()}
+    return medians, start, int(statistics.median(records))
+
+
+def _workload(run: Run, workload: str, names: Sequence[str], batches: int) -> None:
+    """Time one workload on a fresh catalog and planner; record into ``run``."""
+    catalog = SequenceCatalog(dict.fromkeys(names, INITIAL_RECORDS))
+    source = SequenceSource(catalog, discovery_interval=1.0)
+    clock = Clock()
+    runner = Runner(source, run.parallelism, clock)
+    t, start = _timed(runner.initial_offset)
+    run.times[f"{workload}/initialOffset"] = t
+    limit: Limit = MaxRecords(MAX_RECORDS) if workload == "max" else ReadAll()
+    if workload == "all":  # read the initial records: afterwards, only what is appended
+        clock.now += 1.0
+        end = runner.latest_offset(start, limit)
+        runner.partitions(start, end)
+        start = end
+    times, last, records = _batches(runner, catalog, names, clock, start, limit, batches)
+    run.records[workload] = records
+    for phase, t in times.items():
+        run.times[f"{workload}/{phase}"] = t
+    behind = len(names) * INITIAL_RECORDS >= MAX_RECORDS * batches
+    if workload == "max" and behind and records != MAX_RECORDS:
+        raise BenchError(f"max: {records} records per batch, expected {MAX_RECORDS}")
+
+    if workload == "all":
+        clock.now += 1.0  # an idle trigger: nothing new since the last batch
+        t, same = _timed(partial(runner.latest_offset, last, limit))
+        if json.loads(same) != json.loads(last):
+            raise BenchError("a batch was planned with nothing new")
+        run.times["idle trigger"] = t + _timed(runner.report_latest_offset)[0]
+        parsed = json.loads(last)
+        run.offset_bytes = len(last.encode())
+        run.times["decode"] = _timed(partial(BatchOffset.decode, parsed, source))[0]
+        # A restart: a new planner (a new runner process) plans the next batch from `last`.
+        _append(catalog, names, batches)
+        restarted = Runner(source, run.parallelism, clock)
+        t, end = _timed(partial(restarted.latest_offset, last, limit))
+        run.times["restore"] = t
+        if end == last:
+            raise BenchError("the restored planner planned nothing, data was appended")
+        restarted.planner.close()
+    runner.planner.close()
+
+
+def run_once(n_splits: int, parallelism: int, batches: int) -> Run:
+    names = [f"topic-{i:06d}" for i in range(n_splits)]
+    run = Run(n_splits, parallelism)
+    with GcClock() as collector:
+        for workload in WORKLOADS:
+            _workload(run, workload, names, batches)
+    run.gc_seconds, run.gc_full = collector.seconds, collector.full
+    return run
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def _label(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
+def _rows() -> list[tuple[str, Callable[[Run], float]]]:
+    def get(key: str) -> Callable[[Run], float]:
+        return lambda run: run.times[key]
+
+    rows = [("initialOffset", get("all/initialOffset"))]
+    for workload in WORKLOADS:
+        rows += [(f"  {workload}/{phase}", get(f"{workload}/{phase}")) for phase in BATCH_PHASES]
+        rows.append((f"{workload}/batch", partial(Run.batch, workload=workload)))
+    rows += [(key, get(key)) for key in ("idle trigger", "decode", "restore")]
+    return rows
+
+
+def print_table(runs: Sequence[Run]) -> None:
+    n, p = runs[0].splits, runs[0].parallelism
+    print(f"\n== {n:,} splits, parallelism {p} (median of {len(runs)} runs)")
+    print(f"{'phase':<24}{'ms':>10}{'us/split':>10}")
+    for name, of in _rows():
+        t = statistics.median(of(run) for run in runs)
+        print(f"{name:<24}{t * 1e3:10.1f}{t / n * 1e6:10.2f}")
+    size = runs[0].offset_bytes
+    print(f"end offset JSON: {size:,} bytes, {size / n:.1f} bytes/split")
+    print("records per batch: " + ", ".join(f"{w} {runs[0].records[w]:,}" for w in WORKLOADS))
+    gc_seconds = statistics.median(run.gc_seconds for run in runs)
+    gc_full = statistics.median(run.gc_full for run in runs)
+    print(f"garbage collection in a run: {gc_seconds:.2f} s, {gc_full:g} full collections")
+
+
+def per_split_ratio(small: Sequence[Run], big: Sequence[Run], of: Callable[[Run], float]) -> float:
+    """Median over repetitions of (time per split, big) / (time per split, small)."""
+    return statistics.median(
+        (of(b) / b.splits) / (of(s) / s.splits) for s, b in zip(small, big, strict=True)
+    )
+
+
+def print_ratios(by_size: Mapping[int, Sequence[Run]]) -> None:
+    pairs = list(itertools.pairwise(sorted(by_size)))
+    if not pairs:
+        return
+    print("\n== time per split, larger size over smaller (linear = 1.00)")
+    print(f"{'phase':<24}" + "".join(f"{_label(b) + '/' + _label(s):>12}" for s, b in pairs))
+    for name, of in _rows():
+        ratios = [per_split_ratio(by_size[s], by_size[b], of) for s, b in pairs]
+        print(f"{name:<24}" + "".join(f"{r:12.2f}" for r in ratios))
+    ratios = [by_size[b][0].offset_bytes / b / (by_size[s][0].offset_bytes / s) for s, b in pairs]
+    print(f"{'offset bytes':<24}" + "".join(f"{r:12.2f}" for r in ratios))
+
+
+def profile(n_splits: int, parallelism: int, batches: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_once(n_splits, parallelism, batches)
+    profiler.disable()
+    pstats.Stats(profiler).strip_dirs().sort_stats("tottime").print_stats(25)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="100, 1k and 10k splits")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per size (default 3)")
+    parser.add_argument("--batches", type=int, default=5, help="timed batches per workload")
+    parser.add_argument("--parallelism", default="8", help="comma-separated (default 8)")
+    parser.add_argument("--sizes", help="comma-separated split counts (instead of the default)")
+    parser.add_argument("--gc-threshold", help="gc.set_threshold arguments, e.g. 50000,20,10")
+    parser.add_argument("--profile", type=int, metavar="N", help="cProfile one run of N splits")
+    args = parser.parse_args(argv)
+    parallelisms = [int(p) for p in args.parallelism.split(",")]
+    if args.gc_threshold:
+        gc.set_threshold(*(int(t) for t in args.gc_threshold.split(",")))
+    if args.profile:
+        profile(args.profile, parallelisms[0], args.batches)
+        return 0
+    sizes: list[int] = [100, 1_000, 10_000] if args.quick else [100, 10_000, 100_000]
+    if args.sizes:
+        sizes = sorted(int(n) for n in args.sizes.split(","))
+
+    print(f"$ {' '.join(['python', 'bench/planning_scale.py', *sys.argv[1:]])}")
+    print(
+        f"planning_scale: {', '.join(f'{n:,}' for n in sizes)} splits, parallelism "
+        f"{args.parallelism}, {args.reps} repetitions of {args.batches} batches per workload; "
+        f"gc threshold {gc.get_threshold()}; python {platform.python_version()}, "
+        f"{os.cpu_count()} cpus, {platform.machine()}"
+    )
+    results: dict[int, dict[int, list[Run]]] = {}
+    try:
+        run_once(sizes[0], parallelisms[0], 2)  # warm-up: imports and first-call costs
+        for parallelism in parallelisms:
+            by_size: dict[int, list[Run]] = {n: [] for n in sizes}
+            for rep in range(args.reps):
+                # interleaved, order alternating: slow moments of the machine hit every size
+                for n in sizes if rep % 2 == 0 else reversed(sizes):
+                    gc.collect()
+                    by_size[n].append(run_once(n, parallelism, args.batches))
+            results[parallelism] = by_size
+    except BenchError as exc:
+        print(f"FAILED: {exc}")
+        return 1
+    for by_size in results.values():
+        for n in sizes:
+            print_table(by_size[n])
+        print_ratios(by_size)
+
+    biggest = results[parallelisms[0]][sizes[-1]]
+    worst = max(WORKLOADS, key=lambda w: statistics.median(r.batch(w) for r in biggest))
+    ms = statistics.median(r.batch(worst) for r in biggest) * 1e3
+    metric = f"planning_ms_per_batch_{_label(sizes[-1])}"
+    print(f"\nslowest workload at {sizes[-1]:,} splits, parallelism {parallelisms[0]}: {worst}")
+    if ms > TARGET_MS:
+        print(f"MISS {metric}={ms:.0f} ms is above the target of {TARGET_MS:g} ms")
+    print(f"RESULT {metric}={ms:.0f} target=<={TARGET_MS:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
