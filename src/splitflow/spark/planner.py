@@ -17,6 +17,7 @@ path: slots report their splits and the enumerator redistributes them.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -69,6 +70,8 @@ class MinRecords:
 
 
 ReadLimit = ReadAll | MaxRecords | MinRecords
+SplitCache = dict[int, tuple[Any, list[Any]]]
+"""id(split) -> (split, [split id, encoded split]): what :meth:`BatchOffset.encode` reuses."""
 
 
 def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
@@ -83,15 +86,17 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     {'big': 89, 'small': 2, 'none': 0}
     """
     shares = dict.fromkeys(backlogs, 0)
-    waiting = sorted((s for s, b in backlogs.items() if b > 0), key=lambda s: (-backlogs[s], s))
+    waiting = [s for s, b in backlogs.items() if b > 0]
     total = sum(backlogs[s] for s in waiting)
     if total <= budget:
         return {s: max(0, b) for s, b in backlogs.items()}
-    for split in waiting[:budget]:
-        shares[split] = 1
-    left = budget - sum(shares.values())
-    if left <= 0:
+    if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
+        for split in heapq.nsmallest(budget, waiting, key=lambda s: (-backlogs[s], s)):
+            shares[split] = 1
         return shares
+    for split in waiting:
+        shares[split] = 1
+    left = budget - len(waiting)
     rest = {s: backlogs[s] - shares[s] for s in waiting}
     rest_total = sum(rest.values())
     # Integers only: floats lose records past 2**53 (a share above the backlog or budget).
@@ -99,7 +104,7 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     for split, (whole, _) in quota.items():
         shares[split] += whole
     remainder = budget - sum(shares.values())
-    for split in sorted(quota, key=lambda s: (-quota[s][1], s))[:remainder]:
+    for split in heapq.nsmallest(remainder, quota, key=lambda s: (-quota[s][1], s)):
         shares[split] += 1
     return shares
 
@@ -146,18 +151,36 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             for slot, slices in enumerate(self.slots)
         }
 
-    def encode(self, source: Source[Any, SplitT, EnumStateT]) -> JsonDict:
+    def encode(
+        self, source: Source[Any, SplitT, EnumStateT], cache: SplitCache | None = None
+    ) -> JsonDict:
+        """The offset as JSON primitives.
+
+        ``cache`` (the encoder's own, kept from one offset to the next) saves encoding a
+        split object that an earlier offset encoded already: splits are immutable, and a
+        batch moves few of them. It ends holding this offset's splits only.
+        """
         splits = source.split_codec
         enum_codec = source.enumerator_state_codec
+        seen: SplitCache = {}
+
+        def encoded(split: SplitT) -> list[Any]:
+            hit = None if cache is None else cache.get(id(split))
+            if hit is None or hit[0] is not split:
+                hit = (split, [split.split_id, splits.encode(split)])
+            seen[id(split)] = hit
+            return hit[1]
+
+        slots = [[[*encoded(s.split), s.stop] for s in slot] for slot in self.slots]
+        if cache is not None:
+            cache.clear()
+            cache.update(seen)
         return {
             "splitflow": OFFSET_FORMAT,
             "seq": self.seq,
             "codecs": [enum_codec.version, splits.version],
             "enumerator": enum_codec.encode(self.enumerator),
-            "slots": [
-                [[s.split.split_id, splits.encode(s.split), s.stop] for s in slot]
-                for slot in self.slots
-            ],
+            "slots": slots,
             "backlog": self.backlog,
             "events_through": self.events_through,
             "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
@@ -220,6 +243,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._pumped_at = 0.0
         self._last_batch_at = 0.0
         self._target: dict[str, int] | None = None  # AvailableNow: positions to stop at
+        self._latest_extents: dict[str, SplitExtent] | None = None  # of the last latestOffset
+        self._unsorted: set[int] = set()  # slots whose dict is not in split id order
+        self._encoded: SplitCache = {}  # splits of the last offset, encoded
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._unrecorded_finish = False  # splits finished since the last planned offset
 
@@ -229,6 +255,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self.close()
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
+        self._unsorted = set()
         self._coordinator = SourceCoordinator(
             self.source,
             self.parallelism,
@@ -246,6 +273,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
         self._last = restore_from
         self._unrecorded_finish = False
+        self._latest_extents = None
         self._events_through = restore_from.events_through if restore_from else 0
         self._to_readers = {}
         self._pumped_at = self._last_batch_at = self._clock()
@@ -268,6 +296,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(message, AddSplits):
             for split in message.splits:
                 slot[split.split_id] = split
+            self._unsorted.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
                 slot.pop(split_id, None)
@@ -297,10 +326,12 @@ class Planner(Generic[SplitT, EnumStateT]):
             if self._coordinator is None:
                 self._start(None)
             return
+        last = self._last
+        if self._coordinator is not None and last is not None and start.get("seq") == last.seq:
+            return  # the batch planned last: no need to decode the whole offset
         decoded = BatchOffset.decode(start, self.source)
-        if self._coordinator is None or self._last is None or self._last.seq != decoded.seq:
-            log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
-            self._start(decoded)
+        log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
+        self._start(decoded)
 
     # -- Spark's calls ------------------------------------------------------------------------
 
@@ -314,7 +345,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if self._coordinator is None:
                 self._start(None)
             self._pump()
-            self._initial = self._snapshot(0, {}).encode(self.source)
+            self._initial = self._snapshot(0, {}).encode(self.source, self._encoded)
         return dict(self._initial)
 
     def prepare_available_now(self) -> None:
@@ -328,16 +359,23 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._ensure(start)
         self._apply_reader_events(int(start["seq"]))
         self._pump()
-        extents = self._extents()
+        extents = self._latest_extents = self._extents()
         # A finish applied while a MinRecords limit waited still needs a batch to record it.
         changed = self._finish_ended_splits(extents) or self._unrecorded_finish
         self._unrecorded_finish = changed
-        backlogs = {
-            sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
-            for slot in self._slots.values()
-            for sid, split in slot.items()
-            if sid in extents
-        }
+        held = [(sid, split) for slot in self._slots.values() for sid, split in slot.items()]
+        if self._target is None:
+            backlogs = {
+                sid: max(0, extents[sid].latest - split.position)
+                for sid, split in held
+                if sid in extents
+            }
+        else:
+            backlogs = {
+                sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
+                for sid, split in held
+                if sid in extents
+            }
         total = sum(backlogs.values())
         effective = limit
         if isinstance(limit, MinRecords):
@@ -352,7 +390,18 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = (self._last.seq if self._last else 0) + 1
         offset = self._snapshot(seq, reads)
         self._last_batch_at = self._clock()
-        return offset.encode(self.source)
+        return offset.encode(self.source, self._encoded)
+
+    def planned(self, end: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
+        """``end`` decoded; without decoding when it is the offset this planner planned last.
+
+        ``partitions(start, end)`` follows ``latestOffset`` in the same runner process, so
+        within a run ``end`` is the offset just planned; after a restart it is decoded.
+        """
+        last = self._last
+        if last is not None and end.get("seq") == last.seq:
+            return last
+        return BatchOffset.decode(end, self.source)
 
     def commit(self, end: Mapping[str, Any]) -> None:
         seq = int(end["seq"])
@@ -400,16 +449,25 @@ class Planner(Generic[SplitT, EnumStateT]):
                 changed = True
         return changed
 
+    def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
+        """Slot ``slot_id``'s splits in split id order (sorted again only after additions)."""
+        if slot_id in self._unsorted:
+            self._slots[slot_id] = dict(sorted(self._slots[slot_id].items()))
+            self._unsorted.discard(slot_id)
+        return self._slots[slot_id]
+
     def _snapshot(self, seq: int, reads: Mapping[str, int]) -> BatchOffset[SplitT, EnumStateT]:
         """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split."""
         enumerator = self._settle(self.coordinator.checkpoint(seq))
         slots: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
             slices = []
-            for sid, split in sorted(self._slots[slot_id].items()):
-                stop = split.position + reads.get(sid, 0)
-                slices.append(Slice(split, stop))
-                self._slots[slot_id][sid] = with_position(split, stop)
+            slot = self._sorted_slot(slot_id)
+            for sid, split in slot.items():
+                read = reads.get(sid, 0)
+                slices.append(Slice(split, split.position + read))
+                if read:  # an unread split stays the same object (no dataclasses.replace)
+                    slot[sid] = with_position(split, split.position + read)
             slots.append(tuple(slices))
         self._settle(self.coordinator.release_held_messages())
         backlog = self.coordinator.context.is_processing_backlog
@@ -436,10 +494,13 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def lag(self) -> dict[str, Any]:
         """Per-split position, latest position, lag and owner (for query progress)."""
-        extents = self._extents() if self._coordinator is not None else {}
+        if self._latest_extents is not None:  # Spark asks right after latestOffset
+            extents = self._latest_extents
+        else:
+            extents = self._extents() if self._coordinator is not None else {}
         splits = {}
-        for slot_id, slot in sorted(self._slots.items()):
-            for sid, split in sorted(slot.items()):
+        for slot_id in sorted(self._slots):
+            for sid, split in self._sorted_slot(slot_id).items():
                 latest = extents[sid].latest if sid in extents else None
                 splits[sid] = {
                     "owner": slot_id,
@@ -466,7 +527,10 @@ def plan_partitions(
             start = piece.split.position
             while start < piece.stop:
                 take = piece.stop - start if cap is None else min(piece.stop - start, cap - size)
-                current.append(Slice(with_position(piece.split, start), start + take))
+                split = piece.split
+                if start != split.position:  # only a slice cut by max_records_per_task moves
+                    split = with_position(split, start)
+                current.append(Slice(split, start + take))
                 size += take
                 start += take
                 if cap is not None and size >= cap:
