@@ -18,7 +18,6 @@ Who runs what (see ``docs/spark.md``):
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import threading
@@ -55,6 +54,7 @@ from splitflow.spark.planner import (
     Planner,
     ReadAll,
     ReadLimit,
+    collect_garbage_less_often,
     plan_partitions,
 )
 
@@ -229,20 +229,6 @@ def _record_events(
         )
 
 
-def _collect_garbage_less_often() -> None:
-    """Raise CPython's cyclic-GC thresholds in the streaming runner process.
-
-    Each batch the runner parses and builds offsets of O(splits) objects; with the default
-    thresholds (700, 10, 10) that sets off a full collection every batch or two, and a full
-    collection visits every live object. At 100k splits a run of ``bench/planning_scale.py``
-    spent 28.8 s in 136 full collections; with these thresholds, 3.6 s in 1 (see
-    docs/benchmarks.md). The runner process serves this source alone; thresholds already set
-    higher are kept.
-    """
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, 50_000), max(gen1, 20), max(gen2, 10))
-
-
 class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Spark's streaming reader for a splitflow source (see the module doc)."""
 
@@ -260,7 +246,7 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _driver(self) -> Planner[Any, Any]:
         if self._planner is None:
-            _collect_garbage_less_often()
+            collect_garbage_less_often()
             runtime = self._ds.runtime
             self._planner = Planner(
                 self._ds.create_source(), runtime.parallelism, state_dir=runtime.state_dir
