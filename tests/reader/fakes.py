@@ -22,8 +22,7 @@ from splitflow.reader import (
     SplitReader,
     SplitSlice,
 )
-from splitflow.reader.output import Collector
-from splitflow.testing.harness import RecordingReaderContext
+from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.testing.sequence import SequenceCatalog, SequenceRecord, SequenceSplit
 
 WAIT = 5.0

@@ -379,14 +379,12 @@ def test_a_vanished_split_is_dropped_and_the_query_reads_the_others(
     assert_exactly_once(sink_rows(spark, out), sorted(expected))
 
 
-def test_a_split_vanishing_with_planned_unread_records_is_skipped_without_fail_on_data_loss(
-    tmp_path: Path, spark: Any
-) -> None:
-    """``gone`` is removed while the tasks of a batch holding a slice of it sleep.
-
-    With ``failOnDataLoss=false`` the records of ``gone`` that were planned are lost with
-    it (a warning), the query keeps running and reads the other splits exactly once.
-    """
+def remove_gone_under_a_planned_batch(
+    spark: Any, tmp_path: Path, **options: str
+) -> tuple[Any, SequenceCatalog, Path, list[tuple[str, int]]]:
+    """Stream splits ``a`` and ``gone``; remove ``gone`` while a batch's tasks, which hold a
+    planned slice of new records of it, sleep before reading. Returns the running query, the
+    catalog, the sink and the records read before."""
     catalog = SequenceCatalog({"a": 10, "gone": 10}, path=str(tmp_path / "catalog.json"))
     out, checkpoint, tasks = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "tasks"
     query = start_stream(
@@ -396,10 +394,9 @@ def test_a_split_vanishing_with_planned_unread_records_is_skipped_without_fail_o
         checkpoint,
         source=FAULTY,
         readDelay="1s",
-        readerIdleTimeout="500ms",
         discoveryInterval="500ms",
         taskLog=tasks,
-        failOnDataLoss="false",
+        **options,
     )
     wait_caught_up(query, catalog)
     read_before = catalog.records()
@@ -407,7 +404,6 @@ def test_a_split_vanishing_with_planned_unread_records_is_skipped_without_fail_o
     catalog.append("a", 10)
 
     def reading_gone() -> bool:
-        assert query.exception() is None, query.exception()
         return any(
             t["outcome"] == "started"
             and ["gone", 20] in [[s["name"], stop] for s, stop in t["slices"]]
@@ -416,9 +412,20 @@ def test_a_split_vanishing_with_planned_unread_records_is_skipped_without_fail_o
 
     wait_until("a task reading gone's new records", reading_gone, 30, step=0.02)
     catalog.remove("gone")
+    return query, catalog, out, read_before
+
+
+def test_a_split_vanishing_with_planned_unread_records_is_skipped_without_fail_on_data_loss(
+    tmp_path: Path, spark: Any
+) -> None:
+    """With ``failOnDataLoss=false`` the records of ``gone`` that were planned are lost with
+    it (a warning), the query keeps running and reads the other splits exactly once."""
+    query, catalog, out, read_before = remove_gone_under_a_planned_batch(
+        spark, tmp_path, failOnDataLoss="false", readerIdleTimeout="500ms"
+    )
     catalog.append("a", 5)
     wait_caught_up(query, catalog, timeout=60)
-    assert query.isActive
+    assert query.isActive, query.exception()
     query.stop()
     rows = sink_rows(spark, out)
     gone = [r for r in rows if r[0] == "gone"]
@@ -433,30 +440,7 @@ def test_a_split_vanishing_with_planned_unread_records_fails_the_query_by_defaul
 ) -> None:
     """The default ``failOnDataLoss=true``: the query stops with a DataLossError naming the
     split and the lost range, instead of skipping records silently."""
-    catalog = SequenceCatalog({"a": 10, "gone": 10}, path=str(tmp_path / "catalog.json"))
-    out, checkpoint, tasks = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "tasks"
-    query = start_stream(
-        spark,
-        catalog,
-        out,
-        checkpoint,
-        source=FAULTY,
-        readDelay="1s",
-        discoveryInterval="500ms",
-        taskLog=tasks,
-    )
-    wait_caught_up(query, catalog)
-    catalog.append("gone", 10)
-
-    def reading_gone() -> bool:
-        return any(
-            t["outcome"] == "started"
-            and ["gone", 20] in [[s["name"], stop] for s, stop in t["slices"]]
-            for t in read_task_log(tasks)
-        )
-
-    wait_until("a task reading gone's new records", reading_gone, 30, step=0.02)
-    catalog.remove("gone")
+    query, *_ = remove_gone_under_a_planned_batch(spark, tmp_path)
     wait_until("the query to fail", lambda: not query.isActive, 60)
     error = str(query.exception())
     assert "DataLossError" in error

@@ -16,7 +16,7 @@ Imports point one way: this package depends on :mod:`splitflow.api` only.
 
 from splitflow.reader.base import SourceReaderBase
 from splitflow.reader.emitter import Positioned, PositionedEmitter, RecordEmitter
-from splitflow.reader.output import Collector
+from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSlice
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Positioned",
     "PositionedEmitter",
     "RecordEmitter",
+    "RecordingReaderContext",
     "RecordsBySplits",
     "SourceReaderBase",
     "SplitReader",

@@ -44,7 +44,7 @@ from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
 from splitflow.errors import ConnectorError
-from splitflow.reader.output import Collector
+from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.planner import (
@@ -141,28 +141,6 @@ def _partitions(
     ]
 
 
-class _TaskContext:
-    """The reader context inside a Spark task: events are kept for the state directory."""
-
-    def __init__(self, slot: int) -> None:
-        self._slot = slot
-        self.events: list[SourceEvent] = []
-
-    @property
-    def reader_id(self) -> int:
-        return self._slot
-
-    @property
-    def location(self) -> str | None:
-        return None
-
-    def send_source_event_to_coordinator(self, event: SourceEvent) -> None:
-        self.events.append(event)
-
-    def send_split_request(self) -> None:
-        pass
-
-
 _SOURCES: dict[tuple[type, tuple[tuple[str, str], ...]], AnySource] = {}
 _SOURCES_LOCK = threading.Lock()
 
@@ -184,7 +162,7 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     stops = {
         split.split_id: stop for split, (_, stop) in zip(splits, partition.slices, strict=True)
     }
-    context = _TaskContext(partition.slot)
+    context = RecordingReaderContext(partition.slot)  # events go to the state dir
     reader = source.create_reader(context)
     reader.start()
     out: Collector[Any] = Collector()

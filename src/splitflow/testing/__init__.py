@@ -1,9 +1,8 @@
 """Test support: a deterministic harness, a test source, and contract test suites."""
 
-from splitflow.reader.output import Collector
+from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.testing.harness import (
     ENUMERATOR,
-    RecordingReaderContext,
     SourceHarness,
     assigning_enumerator_owned,
     count_duplicates,

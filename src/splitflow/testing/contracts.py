@@ -29,9 +29,8 @@ from typing import Any
 from splitflow.api.enumerator import SplitExtent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Boundedness, Source
-from splitflow.reader.output import Collector
+from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.testing.harness import (
-    RecordingReaderContext,
     SourceHarness,
     assigning_enumerator_owned,
     count_duplicates,

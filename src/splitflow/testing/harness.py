@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent
+from splitflow.api.events import SourceEvent
 from splitflow.api.reader import InputStatus, RecordT, SourceReader
 from splitflow.api.source import Source, SupportsSplitReassignmentOnRecovery
 from splitflow.api.split import SplitT
@@ -74,35 +74,6 @@ class _ReaderContext:
 
     def send_split_request(self) -> None:
         self._harness.coordinator.handle_split_request(self._reader_id, self.location)
-
-
-class RecordingReaderContext:
-    """A :class:`~splitflow.api.reader.SourceReaderContext` that records what a reader sends."""
-
-    def __init__(self, reader_id: int = 0) -> None:
-        self._reader_id = reader_id
-        self.events: list[SourceEvent] = []
-        self.split_requests = 0
-
-    @property
-    def reader_id(self) -> int:
-        return self._reader_id
-
-    @property
-    def location(self) -> str | None:
-        return None
-
-    def send_source_event_to_coordinator(self, event: SourceEvent) -> None:
-        self.events.append(event)
-
-    def send_split_request(self) -> None:
-        self.split_requests += 1
-
-    def finished_ids(self) -> list[str]:
-        """Split ids of every SplitsFinishedEvent sent, in order, repeats included."""
-        return [
-            sid for e in self.events if isinstance(e, SplitsFinishedEvent) for sid in e.split_ids
-        ]
 
 
 @dataclass
