@@ -35,7 +35,12 @@ from splitflow.api.assignment import AssignmentStrategy, BalancedAssignment
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
 from splitflow.api.split import Codec, JsonDict, SplitT
-from splitflow.errors import ConnectorError, ContractViolation, SplitOwnershipError
+from splitflow.errors import (
+    ConnectorError,
+    ContractViolation,
+    IncompatibleCheckpointError,
+    SplitOwnershipError,
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,6 @@ class AssignerStateCodec(Codec[AssignerState[SplitT]]):
 
     def decode(self, data: Mapping[str, Any], version: int) -> AssignerState[SplitT]:
         if version != self.version:
-            from splitflow.errors import IncompatibleCheckpointError
-
             raise IncompatibleCheckpointError("enumerator state", found=version, expected=1)
         split_version = int(data["split_codec"])
         return AssignerState(

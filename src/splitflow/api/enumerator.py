@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from splitflow.api.events import SourceEvent
-from splitflow.api.split import SourceSplit, SplitT
+from splitflow.api.split import SplitT
 
 EnumStateT = TypeVar("EnumStateT")
 T = TypeVar("T")
@@ -222,7 +222,6 @@ __all__ = [
     "EnumStateT",
     "MetricGroup",
     "ReaderInfo",
-    "SourceSplit",
     "SplitEnumerator",
     "SplitEnumeratorContext",
     "SplitExtent",

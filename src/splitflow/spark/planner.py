@@ -327,8 +327,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if self._coordinator is None:
                 self._start(None)
             return
-        last = self._last
-        if self._coordinator is not None and last is not None and start.get("seq") == last.seq:
+        if self._coordinator is not None and self._planned_last(start):
             return  # the batch planned last: no need to decode the whole offset
         decoded = BatchOffset.decode(start, self.source)
         log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
@@ -364,19 +363,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         # A finish applied while a MinRecords limit waited still needs a batch to record it.
         changed = self._finish_ended_splits(extents) or self._unrecorded_finish
         self._unrecorded_finish = changed
-        held = [(sid, split) for slot in self._slots.values() for sid, split in slot.items()]
-        if self._target is None:
-            backlogs = {
-                sid: max(0, extents[sid].latest - split.position)
-                for sid, split in held
-                if sid in extents
-            }
-        else:
-            backlogs = {
-                sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
-                for sid, split in held
-                if sid in extents
-            }
+        backlogs = {
+            sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
+            for slot in self._slots.values()
+            for sid, split in slot.items()
+            if sid in extents
+        }
         total = sum(backlogs.values())
         effective = limit
         if isinstance(limit, MinRecords):
@@ -399,10 +391,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         ``partitions(start, end)`` follows ``latestOffset`` in the same runner process, so
         within a run ``end`` is the offset just planned; after a restart it is decoded.
         """
-        last = self._last
-        if last is not None and end.get("seq") == last.seq:
-            return last
+        if self._last is not None and self._planned_last(end):
+            return self._last
         return BatchOffset.decode(end, self.source)
+
+    def _planned_last(self, offset: Mapping[str, Any]) -> bool:
+        """Whether ``offset`` is the one this planner planned last (same checkpoint seq)."""
+        return self._last is not None and offset.get("seq") == self._last.seq
 
     def commit(self, end: Mapping[str, Any]) -> None:
         seq = int(end["seq"])
