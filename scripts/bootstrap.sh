@@ -23,4 +23,4 @@ java -version 2>&1 | head -1 | grep -Eq '"(17|21)[."]' \
     || echo "bootstrap: warning: Spark 4.3 is tested with Java 17; found: $(java -version 2>&1 | head -1)" >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev,spark]"
+"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka]"
