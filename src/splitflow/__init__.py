@@ -8,6 +8,7 @@ from splitflow.api import *  # noqa: F403
 from splitflow.api import __all__ as _api_all
 from splitflow.errors import (
     CheckpointDeclinedError,
+    CheckpointStateError,
     ConfigurationError,
     ConnectorError,
     ContractViolation,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     *_api_all,
     "CheckpointDeclinedError",
+    "CheckpointStateError",
     "ConfigurationError",
     "ConnectorError",
     "ContractViolation",

@@ -10,7 +10,8 @@
     │   └── DataLossError           records planned for reading no longer exist
     ├── SourceFailedError           the coordinator failed; ``__cause__`` is the original error
     ├── CheckpointDeclinedError     a checkpoint cannot be taken now (retry later)
-    └── IncompatibleCheckpointError a checkpoint was written by an incompatible version
+    ├── IncompatibleCheckpointError a checkpoint was written by an incompatible version
+    └── CheckpointStateError        state a checkpoint refers to is missing or does not match
 
 Messages name the thing at fault (option, split, reader, checkpoint) and, where there is
 one, the fix.
@@ -80,3 +81,14 @@ class IncompatibleCheckpointError(SplitflowError):
         super().__init__(f"{what}: found version {found!r}, this splitflow reads {expected!r}")
         self.found = found
         self.expected = expected
+
+
+class CheckpointStateError(SplitflowError):
+    """State that a checkpoint refers to (in the state directory) is missing or altered.
+
+    ``path`` names the file or directory at fault.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path

@@ -4,11 +4,14 @@ Spark writes one file per micro-batch under ``<checkpoint>/offsets/<batch>``: a 
 a metadata line, then one line per source with that source's offset. A splitflow offset is
 a full checkpoint of the source (see :mod:`splitflow.spark.planner`), so this shows, for a
 batch: which slot owns each split, the slice the batch reads (``start`` to ``stop``),
-what the enumerator holds itself, and what has finished.
+what the enumerator holds itself, and what has finished. A query with option ``stateDir``
+keeps its finished splits in the state directory's ledger: pass ``--state-dir`` to list them
+(without it, their count is shown).
 
     python -m splitflow inspect /path/to/checkpoint            # the latest batch
     python -m splitflow inspect /path/to/checkpoint --batch 7  # a given batch
     python -m splitflow inspect /path/to/checkpoint --json     # machine-readable
+    python -m splitflow inspect /path/to/checkpoint --state-dir /path/to/state
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitflow.errors import ConfigurationError
+from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class SourceState:
     backlog: bool
     parallelism: int
     splits: list[SplitRow]
+    ledger_size: int | None = None
+    """Finished splits kept in the state directory's ledger, when not listed in ``splits``."""
 
 
 def _batches(directory: str) -> list[int]:
@@ -53,8 +59,13 @@ def _batches(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
 
 
-def read_checkpoint(checkpoint: str, batch: int | None = None) -> list[SourceState]:
-    """The splitflow sources' state in ``batch`` (default: the latest) of ``checkpoint``."""
+def read_checkpoint(
+    checkpoint: str, batch: int | None = None, state_dir: str | None = None
+) -> list[SourceState]:
+    """The splitflow sources' state in ``batch`` (default: the latest) of ``checkpoint``.
+
+    ``state_dir``: the query's ``stateDir``, to list finished splits kept in its ledger.
+    """
     offsets_dir = os.path.join(checkpoint, "offsets")
     batches = _batches(offsets_dir)
     if not batches:
@@ -78,11 +89,13 @@ def read_checkpoint(checkpoint: str, batch: int | None = None) -> list[SourceSta
         except json.JSONDecodeError:
             continue  # another source's offset in its own format
         if isinstance(offset, dict) and "splitflow" in offset:
-            states.append(_source_state(chosen, committed, index, offset))
+            states.append(_source_state(chosen, committed, index, offset, state_dir))
     return states
 
 
-def _source_state(batch: int, committed: bool, index: int, offset: dict[str, Any]) -> SourceState:
+def _source_state(
+    batch: int, committed: bool, index: int, offset: dict[str, Any], state_dir: str | None
+) -> SourceState:
     rows = []
     for slot, slices in enumerate(offset["slots"]):
         for split_id, split, stop in slices:
@@ -90,7 +103,15 @@ def _source_state(batch: int, committed: bool, index: int, offset: dict[str, Any
     enumerator = offset.get("enumerator", {})
     for split_id, split in enumerator.get("unassigned", {}).items():
         rows.append(SplitRow(split_id, "unassigned", None, split.get("position"), None))
-    for split_id in enumerator.get("finished", []):
+    finished = list(enumerator.get("finished", []))
+    ledger_size = None
+    if "ledger" in offset:
+        ref = LedgerRef.decode(offset["ledger"])
+        if state_dir is None:
+            ledger_size = ref.size
+        else:
+            finished.extend(sorted(LedgerStore(state_dir).load(ref)))
+    for split_id in finished:
         rows.append(SplitRow(str(split_id), "finished", None, None, None))
     return SourceState(
         batch=batch,
@@ -100,6 +121,7 @@ def _source_state(batch: int, committed: bool, index: int, offset: dict[str, Any
         backlog=bool(offset.get("backlog", False)),
         parallelism=len(offset["slots"]),
         splits=sorted(rows, key=lambda r: (r.state != "reading", r.split_id)),
+        ledger_size=ledger_size,
     )
 
 
@@ -113,6 +135,11 @@ def format_table(states: list[SourceState]) -> str:
             f"{state.parallelism} slots with {loads} splits, "
             f"backlog {'yes' if state.backlog else 'no'}"
         )
+        if state.ledger_size is not None:
+            out.append(
+                f"  {state.ledger_size} finished splits in the state directory's ledger "
+                "(--state-dir lists them)"
+            )
         out.append(
             f"  {'split':30s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} {'rows':>10s}"
         )
@@ -137,6 +164,7 @@ def to_json(states: list[SourceState]) -> str:
                 "checkpoint": s.seq,
                 "backlog": s.backlog,
                 "parallelism": s.parallelism,
+                "ledger_size": s.ledger_size,
                 "splits": [
                     {
                         "id": r.split_id,

@@ -862,3 +862,19 @@ def test_lag_reports_owner_position_and_the_latest_the_batch_was_planned_against
     query.batch(MaxRecords(6))
     assert query.planner.lag()["splits"]["b"]["latest"] == 6
     assert read["a"] + read["b"] == 6
+
+
+def test_lag_totals_per_slot_and_lists_only_the_most_lagging_splits_of_a_large_source(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({f"s{i:02d}": i for i in range(12)})  # s00 has 0 ... s11 has 11
+    query = Query(planner_for(catalog, clock, parallelism=3))
+    query.planner.progress_splits = 4
+    query.batch(MaxRecords(1))  # s11 gets the one record: the largest backlog
+    lag = query.planner.lag()
+    assert lag["splitCount"] == 12
+    assert lag["totalLag"] == sum(range(12)) - 1
+    assert [s["splits"] for s in lag["slots"]] == [4, 4, 4]
+    assert sum(s["lag"] for s in lag["slots"]) == lag["totalLag"]
+    assert sorted(lag["splits"]) == ["s08", "s09", "s10", "s11"]  # lags 8, 9, 10, 10
+    assert lag["splits"]["s11"]["lag"] == 10

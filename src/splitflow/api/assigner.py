@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
 from splitflow.api.assignment import AssignmentStrategy, BalancedAssignment
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
-from splitflow.api.split import Codec, JsonDict, SplitT
+from splitflow.api.split import Codec, JsonDict, LedgerCodec, SplitT
 from splitflow.errors import (
     ConnectorError,
     ContractViolation,
@@ -60,8 +60,11 @@ class AssignerState(Generic[SplitT]):
     discovered: bool = False
 
 
-class AssignerStateCodec(Codec[AssignerState[SplitT]]):
-    """Encodes :class:`AssignerState` compactly: splits via the split codec, ids as strings."""
+class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
+    """Encodes :class:`AssignerState` compactly: splits via the split codec, ids as strings.
+
+    Its ledger is the set of finished split ids, the part of the state that grows.
+    """
 
     version = 1
 
@@ -89,6 +92,16 @@ class AssignerStateCodec(Codec[AssignerState[SplitT]]):
             finished=frozenset(data["finished"]),
             discovered=bool(data["discovered"]),
         )
+
+    def split_ledger(
+        self, value: AssignerState[SplitT]
+    ) -> tuple[AssignerState[SplitT], frozenset[str]]:
+        return replace(value, finished=frozenset()), value.finished
+
+    def join_ledger(
+        self, value: AssignerState[SplitT], ledger: frozenset[str]
+    ) -> AssignerState[SplitT]:
+        return replace(value, finished=ledger)
 
 
 class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):

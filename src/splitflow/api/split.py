@@ -114,6 +114,26 @@ class Codec(ABC, Generic[T]):
         """Decode what ``encode`` of codec version ``version`` produced."""
 
 
+class LedgerCodec(Codec[T]):
+    """A codec for state that holds a set of ids which only grows, or nearly: its *ledger*.
+
+    The ids of finished splits are the usual ledger: a files source remembers every file
+    it has read so that it never reads one twice, so its state grows with the files seen.
+    A runtime that keeps many checkpoints (Spark keeps an offset per batch) stores the
+    ledger apart and incrementally, and the rest of the state in each checkpoint; a runtime
+    that does not uses ``encode`` and ``decode``, which keep carrying the whole state.
+    ``join_ledger(*split_ledger(value))`` must equal ``value``.
+    """
+
+    @abstractmethod
+    def split_ledger(self, value: T) -> tuple[T, frozenset[str]]:
+        """``value`` with an empty ledger, and its ledger."""
+
+    @abstractmethod
+    def join_ledger(self, value: T, ledger: frozenset[str]) -> T:
+        """``value`` (whose ledger is empty) with ``ledger``."""
+
+
 class DataclassCodec(Codec[T]):
     """Codec for a flat dataclass whose fields are JSON primitives or tuples of them.
 

@@ -28,7 +28,7 @@ from typing import Any, Generic
 from splitflow.api.enumerator import EnumStateT, SplitExtent
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
 from splitflow.api.source import Source
-from splitflow.api.split import JsonDict, SplitT, with_position
+from splitflow.api.split import JsonDict, LedgerCodec, SplitT, with_position
 from splitflow.coordinator.checkpoint import redistribute_reader_states
 from splitflow.coordinator.coordinator import (
     AddSplits,
@@ -38,12 +38,15 @@ from splitflow.coordinator.coordinator import (
     SourceCoordinator,
 )
 from splitflow.coordinator.scheduler import ManualScheduler
-from splitflow.errors import IncompatibleCheckpointError
+from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
+from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 log = logging.getLogger("splitflow.spark")
 
 OFFSET_FORMAT = 1
+LEDGER_WARNING = 10_000
+"""Finished splits in offsets beyond which a query without ``stateDir`` gets a warning."""
 
 
 # -- read limits, independent of Spark's classes ---------------------------------------------
@@ -137,6 +140,9 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     """Reader events of batches up to this one are applied to ``enumerator``."""
     to_readers: Mapping[int, tuple[SourceEvent, ...]] = field(default_factory=dict)
     """Events from the enumerator for each slot's tasks of this batch."""
+    ledger: LedgerRef | None = None
+    """Where ``enumerator``'s ledger is, when it is kept in the state directory (then
+    ``enumerator`` holds the rest of the state; see :mod:`splitflow.spark.ledger`)."""
 
     def has_tasks(self, slot: int) -> bool:
         return any(s.records > 0 for s in self.slots[slot])
@@ -185,6 +191,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             "backlog": self.backlog,
             "events_through": self.events_through,
             "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
+            **({} if self.ledger is None else {"ledger": self.ledger.encode()}),
         }
 
     @classmethod
@@ -211,6 +218,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             to_readers={
                 int(r): tuple(decode_events(e)) for r, e in data.get("to_readers", {}).items()
             },
+            ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
         )
 
 
@@ -234,6 +242,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         self.source = source
         self.parallelism = parallelism
         self._events = EventStore(state_dir) if state_dir else None
+        codec = source.enumerator_state_codec
+        self._ledgers: LedgerCodec[EnumStateT] | None = (
+            codec if isinstance(codec, LedgerCodec) else None
+        )
+        self._ledger = LedgerStore(state_dir) if state_dir and self._ledgers else None
+        self._warned_ledger = False
         self._events_through = 0
         self._to_readers: dict[int, list[SourceEvent]] = {}
         self._clock = clock
@@ -250,6 +264,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._unrecorded_finish = False  # splits finished since the last planned offset
 
+    progress_splits = 50
+    """At most this many splits are listed one by one in :meth:`lag` (the most lagging)."""
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def _start(self, restore_from: BatchOffset[SplitT, EnumStateT] | None) -> None:
@@ -262,7 +279,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self.parallelism,
             self,
             scheduler=self._scheduler,
-            restored_state=restore_from.enumerator if restore_from else None,
+            restored_state=self._restored_state(restore_from),
         )
         self._settle(self._coordinator.start())
         states = (
@@ -278,6 +295,20 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._events_through = restore_from.events_through if restore_from else 0
         self._to_readers = {}
         self._pumped_at = self._last_batch_at = self._clock()
+
+    def _restored_state(self, offset: BatchOffset[SplitT, EnumStateT] | None) -> EnumStateT | None:
+        """The enumerator state of ``offset``, its ledger read back from the state directory."""
+        ref = offset.ledger if offset else None
+        if ref is not None and (self._ledger is None or self._ledgers is None):
+            raise ConfigurationError(
+                f"option stateDir: the checkpoint keeps the enumerator's finished splits in a "
+                f"state directory (ledger of batch {ref.base}); run the query with its stateDir",
+                option="stateDir",
+            )
+        ids = self._ledger.load(ref) if self._ledger is not None else frozenset()
+        if offset is None or ref is None or self._ledgers is None:
+            return offset.enumerator if offset else None
+        return self._ledgers.join_ledger(offset.enumerator, ids)
 
     def close(self) -> None:
         if self._coordinator is not None:
@@ -405,6 +436,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
         if self._events is not None:
             self._events.discard_through(int(end.get("events_through", 0)))
+        if self._ledger is not None and "ledger" in end:
+            self._ledger.discard_before(int(end["ledger"]["base"]))
 
     def _apply_reader_events(self, completed: int) -> None:
         """Hand the enumerator the events of batches up to ``completed``, once each."""
@@ -455,6 +488,18 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _snapshot(self, seq: int, reads: Mapping[str, int]) -> BatchOffset[SplitT, EnumStateT]:
         """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split."""
         enumerator = self._settle(self.coordinator.checkpoint(seq))
+        ledger = None
+        if self._ledgers is not None:
+            stripped, ids = self._ledgers.split_ledger(enumerator)
+            if self._ledger is not None:
+                enumerator, ledger = stripped, self._ledger.write(seq, ids)
+            elif len(ids) > LEDGER_WARNING and not self._warned_ledger:
+                self._warned_ledger = True
+                log.warning(
+                    "splitflow: %d finished splits are copied into every offset; set option "
+                    "stateDir to keep them in a state directory instead",
+                    len(ids),
+                )
         slots: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
             slices = []
@@ -484,27 +529,43 @@ class Planner(Generic[SplitT, EnumStateT]):
             backlog,
             self._events_through,
             {slot: tuple(events) for slot, events in to_readers.items()},
+            ledger,
         )
         self._unrecorded_finish = False
         return self._last
 
     def lag(self) -> dict[str, Any]:
-        """Per-split position, latest position, lag and owner (for query progress)."""
+        """Progress for ``query.lastProgress`` (Spark's ``reportLatestOffset``).
+
+        Totals, each slot's split count and lag, the backlog flag, and per split its owner,
+        position, latest position and lag: every split when there are at most
+        :attr:`progress_splits` of them, else the most lagging ones (the report is sent on
+        every trigger and kept in every progress event, so it must not grow with the source).
+        """
         if self._latest_extents is not None:  # Spark asks right after latestOffset
             extents = self._latest_extents
         else:
             extents = self._extents() if self._coordinator is not None else {}
-        splits = {}
+        rows: list[tuple[str, dict[str, Any]]] = []
+        slots = []
         for slot_id in sorted(self._slots):
+            slot_lag = 0
             for sid, split in self._sorted_slot(slot_id).items():
                 latest = extents[sid].latest if sid in extents else None
-                splits[sid] = {
-                    "owner": slot_id,
-                    "position": split.position,
-                    "latest": latest,
-                    "lag": None if latest is None else max(0, latest - split.position),
-                }
-        return {"splits": splits, "backlog": bool(self._last and self._last.backlog)}
+                lag = None if latest is None else max(0, latest - split.position)
+                slot_lag += lag or 0
+                row = {"owner": slot_id, "position": split.position, "latest": latest, "lag": lag}
+                rows.append((sid, row))
+            slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
+        if len(rows) > self.progress_splits:
+            rows = heapq.nlargest(self.progress_splits, rows, key=lambda r: r[1]["lag"] or 0)
+        return {
+            "splitCount": sum(s["splits"] for s in slots),
+            "totalLag": sum(s["lag"] for s in slots),
+            "slots": slots,
+            "splits": dict(rows),
+            "backlog": bool(self._last and self._last.backlog),
+        }
 
 
 def collect_garbage_less_often() -> None:

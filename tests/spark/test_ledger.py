@@ -1,0 +1,214 @@
+"""The enumerator's ledger in the state directory: out of Spark's offsets, exact, restorable.
+
+A source that finishes many splits (a files source remembers every file it read) must not
+copy the finished ids into each of the offsets Spark keeps: with ``stateDir`` they live in
+``<stateDir>/ledger`` (a snapshot every few changes, a delta per batch that changed them)
+and the offset names the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.spark.test_planner import DISCOVERY, FakeClock, Query, assert_exactly_once
+
+from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.inspect import read_checkpoint
+from splitflow.spark.ledger import COMPACT_EVERY, LedgerRef, LedgerStore
+from splitflow.spark.planner import BatchOffset, Planner, ReadAll
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource
+
+PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=60)
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 40), max_size=6), st.sets(st.integers(0, 40))),
+        min_size=1,
+        max_size=3 * COMPACT_EVERY,
+    )
+)
+@PROPERTY
+def test_every_ledger_written_loads_back_exactly(steps: list[tuple[set[int], set[int]]]) -> None:
+    with _tmpdir() as state_dir:
+        store = LedgerStore(state_dir)
+        ids: set[str] = set()
+        written: list[tuple[LedgerRef, frozenset[str]]] = []
+        for seq, (added, dropped) in enumerate(steps):
+            ids |= {f"s{i}" for i in added}
+            ids -= {f"s{i}" for i in dropped if i % 3 == 0}  # mostly grows
+            written.append((store.write(seq, frozenset(ids)), frozenset(ids)))
+        for ref, expected in written:  # a fresh store, as after a restart
+            assert LedgerStore(state_dir).load(ref) == expected
+            assert ref.size == len(expected)
+            assert len(ref.deltas) <= COMPACT_EVERY
+
+
+def test_a_batch_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
+    store = LedgerStore(str(tmp_path))
+    first = store.write(1, frozenset({"a"}))
+    assert store.write(2, frozenset({"a"})) == first
+    second = store.write(3, frozenset({"a", "b"}))
+    assert second == LedgerRef(1, (3,), 2)
+    assert sorted(os.listdir(tmp_path / "ledger")) == ["delta-3.json", "snapshot-1.json"]
+    delta = json.loads((tmp_path / "ledger" / "delta-3.json").read_text())
+    assert delta == {"add": ["b"], "drop": []}
+
+
+def test_the_ledger_is_written_whole_again_after_compact_every_deltas(tmp_path: Path) -> None:
+    store = LedgerStore(str(tmp_path))
+    refs = [store.write(seq, frozenset(f"s{i}" for i in range(seq + 1))) for seq in range(25)]
+    assert [r.base for r in refs] == [0] * 11 + [11] * 11 + [22] * 3
+    assert refs[10].deltas == tuple(range(1, 11))
+    assert refs[11] == LedgerRef(11, (), 12)
+
+
+def test_committing_deletes_only_files_no_later_offset_needs(tmp_path: Path) -> None:
+    store = LedgerStore(str(tmp_path))
+    refs = [store.write(seq, frozenset(f"s{i}" for i in range(seq + 1))) for seq in range(14)]
+    store.discard_before(refs[12].base)  # base 11
+    assert sorted(os.listdir(tmp_path / "ledger")) == [
+        "delta-12.json",
+        "delta-13.json",
+        "snapshot-11.json",
+    ]
+    assert LedgerStore(str(tmp_path)).load(refs[13]) == frozenset(f"s{i}" for i in range(14))
+
+
+def test_a_missing_ledger_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    store = LedgerStore(str(tmp_path))
+    ref = store.write(4, frozenset({"a"}))
+    os.remove(tmp_path / "ledger" / "snapshot-4.json")
+    with pytest.raises(CheckpointStateError, match=r"snapshot-4\.json is missing") as caught:
+        LedgerStore(str(tmp_path)).load(ref)
+    assert caught.value.path.endswith("snapshot-4.json")
+
+
+def test_a_ledger_that_does_not_match_its_checkpoint_is_an_error(tmp_path: Path) -> None:
+    store = LedgerStore(str(tmp_path))
+    ref = store.write(1, frozenset({"a", "b"}))
+    (tmp_path / "ledger" / "snapshot-1.json").write_text('{"ids": ["a"]}')
+    with pytest.raises(CheckpointStateError, match="holds 1 ids where the checkpoint says 2"):
+        LedgerStore(str(tmp_path)).load(ref)
+
+
+# -- the planner ----------------------------------------------------------------------------------
+
+
+def planner(
+    catalog: SequenceCatalog, clock: FakeClock, state_dir: Path | None
+) -> Planner[Any, Any]:
+    source = SequenceSource(catalog, discovery_interval=DISCOVERY)
+    return Planner(source, 2, clock=clock, state_dir=str(state_dir) if state_dir else None)
+
+
+def finish_splits(
+    query: Query, catalog: SequenceCatalog, clock: FakeClock, names: list[str]
+) -> None:
+    """Add ``names`` as sealed splits of 3 records each and read them to their end."""
+    for name in names:
+        catalog.add(name, 3)
+        catalog.seal(name)
+    clock.advance(DISCOVERY)
+    query.drain()
+
+
+def test_with_a_state_dir_offsets_stay_the_same_size_as_finished_splits_pile_up(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 1})
+    query = Query(planner(catalog, clock, tmp_path))
+    sizes = []
+    for round_ in range(4):
+        finish_splits(query, catalog, clock, [f"file-{round_}-{i:03d}" for i in range(200)])
+        sizes.append(len(json.dumps(query.offset)))
+        assert "file-0-000" not in json.dumps(query.offset)
+    assert max(sizes) - min(sizes) < 100, sizes  # bytes: the ledger reference only
+    offset = BatchOffset.decode(query.offset, query.source)
+    assert offset.ledger is not None
+    assert offset.ledger.size == 800
+    assert offset.enumerator.finished == frozenset()
+
+    # Without a state directory the same run copies every finished id into every offset.
+    catalog_inline, clock_inline = SequenceCatalog({"live": 1}), FakeClock()
+    inline = Query(planner(catalog_inline, clock_inline, None))
+    finish_splits(inline, catalog_inline, clock_inline, [f"f{i:03d}" for i in range(200)])
+    assert len(BatchOffset.decode(inline.offset, inline.source).enumerator.finished) == 200
+
+
+def test_a_restarted_query_never_reads_a_finished_split_again(tmp_path: Path) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 2})
+    before = Query(planner(catalog, clock, tmp_path))
+    finish_splits(before, catalog, clock, [f"f{i}" for i in range(30)])
+    before.planner.close()
+
+    after = Query(planner(catalog, clock, tmp_path), start=before.offset)
+    catalog.append("live", 2)
+    finish_splits(after, catalog, clock, ["g0", "g1"])
+    assert_exactly_once(before.read + after.read, catalog.records())
+    restored = BatchOffset.decode(after.offset, after.source)
+    assert restored.ledger is not None
+    assert LedgerStore(str(tmp_path)).load(restored.ledger) == {
+        *(f"f{i}" for i in range(30)),
+        "g0",
+        "g1",
+    }
+
+
+def test_restoring_a_ledger_checkpoint_without_its_state_dir_names_the_option(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 1})
+    query = Query(planner(catalog, clock, tmp_path))
+    finish_splits(query, catalog, clock, ["f0"])
+    with pytest.raises(ConfigurationError, match="stateDir") as caught:
+        planner(catalog, clock, None).latest_offset(query.offset, ReadAll())
+    assert caught.value.option == "stateDir"
+
+
+def test_commits_keep_the_ledger_directory_small(tmp_path: Path) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 1})
+    query = Query(planner(catalog, clock, tmp_path))
+    for round_ in range(3 * COMPACT_EVERY):
+        finish_splits(query, catalog, clock, [f"f{round_}"])
+    query.planner.commit(query.offset)
+    assert len(os.listdir(tmp_path / "ledger")) <= COMPACT_EVERY + 1
+    restarted = Query(planner(catalog, clock, tmp_path), start=query.offset)
+    catalog.append("live", 1)
+    clock.advance(DISCOVERY)
+    restarted.drain()
+    assert_exactly_once(query.read + restarted.read, catalog.records())
+
+
+def test_inspect_counts_ledger_splits_and_lists_them_with_the_state_dir(tmp_path: Path) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 1})
+    query = Query(planner(catalog, clock, tmp_path / "state"))
+    finish_splits(query, catalog, clock, ["f0", "f1"])
+    offsets = tmp_path / "chk" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1\n{}\n" + json.dumps(query.offset) + "\n")
+
+    [counted] = read_checkpoint(str(tmp_path / "chk"))
+    assert counted.ledger_size == 2
+    assert not [r for r in counted.splits if r.state == "finished"]
+    [listed] = read_checkpoint(str(tmp_path / "chk"), state_dir=str(tmp_path / "state"))
+    assert sorted(r.split_id for r in listed.splits if r.state == "finished") == ["f0", "f1"]
+
+
+def _tmpdir() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory()
