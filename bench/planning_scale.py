@@ -37,6 +37,12 @@ Two workloads, each split starting with 1,000 records; before each batch 10% of 
 * ``all``: ``ReadAll`` after a first batch (not timed) that reads the initial records: steady
   state, each batch reads what was appended.
 
+A third measurement, ``finished``, is the state that only grows: ``N`` splits are read to
+their end and finished (as files are), then 8 live splits get appends for 5 batches; it
+shows the offset's size and the batch time (``latestOffset`` + ``commit``) with the
+finished ids copied into every offset (no ``stateDir``) and kept in the state directory's
+ledger (``stateDir``), side by side.
+
 Each size runs ``--reps`` times (3), the sizes interleaved in alternating order, with
 ``gc.collect()`` before every run (collections during a run count: the runner has them
 too); a run times ``--batches`` (5) batches per workload and keeps the median of each phase.
@@ -295,6 +301,59 @@ def _workload(run: Run, workload: str, names: Sequence[str], batches: int) -> No
     runner.planner.close()
 
 
+def finished_state(n_finished: int, parallelism: int, state_dir: str | None) -> tuple[float, int]:
+    """Batch time (s, median of 5) and offset bytes after ``n_finished`` splits finished."""
+    live = [f"live-{i}" for i in range(8)]
+    catalog = SequenceCatalog(dict.fromkeys(live, 1))
+    for i in range(n_finished):
+        catalog.add(f"done-{i:06d}", 1)
+        catalog.seal(f"done-{i:06d}")
+    source = SequenceSource(catalog, discovery_interval=1.0)
+    clock = Clock()
+    planner: Planner[SequenceSplit, State] = Planner(
+        source, parallelism, clock=clock, state_dir=state_dir
+    )
+    start = json.dumps(planner.initial_offset())
+    for _ in range(2):  # read everything, then finish the sealed splits
+        clock.now += 1.0
+        start = json.dumps(planner.latest_offset(json.loads(start), ReadAll()))
+    times = []
+    for _ in range(5):
+        for name in live:
+            catalog.append(name, APPEND_RECORDS)
+        clock.now += 1.0
+        t0 = time.perf_counter()
+        end = json.dumps(planner.latest_offset(json.loads(start), ReadAll()))
+        planner.commit(json.loads(start))
+        times.append(time.perf_counter() - t0)
+        if end == start:
+            raise BenchError("finished: nothing planned after appends")
+        start = end
+    planner.close()
+    finished = json.loads(start)
+    if state_dir is None and len(finished["enumerator"]["finished"]) != n_finished:
+        raise BenchError("finished: the splits did not all finish")
+    if state_dir is not None and finished["ledger"]["size"] != n_finished:
+        raise BenchError("finished: the ledger does not hold every finished split")
+    return statistics.median(times), len(start.encode())
+
+
+def print_finished(sizes: Sequence[int], parallelism: int) -> None:
+    import tempfile
+
+    print("\n== finished splits: offset bytes and batch ms, inline vs ledger in stateDir")
+    print(f"{'finished':>10}{'inline B':>12}{'ledger B':>12}{'inline ms':>11}{'ledger ms':>11}")
+    for n in sizes:
+        gc.collect()
+        inline_t, inline_b = finished_state(n, parallelism, None)
+        with tempfile.TemporaryDirectory() as state_dir:
+            gc.collect()
+            ledger_t, ledger_b = finished_state(n, parallelism, state_dir)
+        print(
+            f"{n:>10,}{inline_b:>12,}{ledger_b:>12,}{inline_t * 1e3:>11.1f}{ledger_t * 1e3:>11.1f}"
+        )
+
+
 def run_once(n_splits: int, parallelism: int, batches: int) -> Run:
     names = [f"topic-{i:06d}" for i in range(n_splits)]
     run = Run(n_splits, parallelism)
@@ -414,6 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in sizes:
             print_table(by_size[n])
         print_ratios(by_size)
+
+    try:
+        print_finished(sizes, parallelisms[0])
+    except BenchError as exc:
+        print(f"FAILED: {exc}")
+        return 1
 
     biggest = results[parallelisms[0]][sizes[-1]]
     worst = max(WORKLOADS, key=lambda w: statistics.median(r.batch(w) for r in biggest))
