@@ -56,6 +56,29 @@ def test_max_records_per_batch_bounds_every_batch_and_starves_no_split(
     assert_exactly_once(sink_rows(spark, tmp_path / "out"), catalog.records())
 
 
+def test_max_bytes_per_batch_bounds_every_batch_by_the_source_s_size_estimate(
+    tmp_path: Path, spark: Any, catalog: SequenceCatalog
+) -> None:
+    # 100-byte records, 2,000 bytes a batch: 20 records a batch, every split moving.
+    query = start_stream(
+        spark,
+        catalog,
+        tmp_path / "out",
+        tmp_path / "chk",
+        parallelism=2,
+        recordBytes=100,
+        maxBytesPerBatch=2_000,
+    )
+    wait_caught_up(query, catalog)
+    query.stop()
+    batches = data_batches(query)
+    rows = [p["numInputRows"] for p in batches]
+    assert max(rows) <= 20, rows
+    assert sum(rows) == len(catalog.records())
+    assert reported_splits(batches[0])["c"]["position"] > 0, "the small split waits"
+    assert_exactly_once(sink_rows(spark, tmp_path / "out"), catalog.records())
+
+
 def waiting_for_trigger(query: Any) -> bool:
     """At least one trigger has run (before the first: "Initializing sources")."""
     assert query.exception() is None, query.exception()
@@ -186,8 +209,18 @@ def test_trigger_available_now_reads_what_existed_at_start_in_batches_and_stops(
         ({"maxBatchDelay": "soon"}, "maxBatchDelay"),
         ({"minRecordsPerBatch": "50", "maxRecordsPerBatch": "10"}, "minRecordsPerBatch"),
         ({"catalog": None}, "catalog"),
+        ({"maxBytesPerBatch": "64m"}, "maxBytesPerBatch"),  # no size estimate: no recordBytes
+        ({"maxBytesPerBatch": "1.5g", "recordBytes": "10"}, "maxBytesPerBatch"),
     ],
-    ids=["parallelism=0", "maxRecordsPerBatch=abc", "maxBatchDelay=soon", "min>max", "no-catalog"],
+    ids=[
+        "parallelism=0",
+        "maxRecordsPerBatch=abc",
+        "maxBatchDelay=soon",
+        "min>max",
+        "no-catalog",
+        "bytes-without-estimate",
+        "maxBytesPerBatch=1.5g",
+    ],
 )
 def test_an_invalid_option_fails_load_naming_it_and_no_query_starts(
     tmp_path: Path,

@@ -72,6 +72,21 @@ def test_every_option_parses() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1048576", 1_048_576), ("64k", 65_536), ("64m", 64 * 2**20), ("1g", 2**30), ("2GB", 2**31)],
+)
+def test_max_bytes_per_batch_takes_bytes_or_k_m_g_t(text: str, size: int) -> None:
+    assert parse(maxBytesPerBatch=text).max_bytes_per_batch == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "1.5m", "lots", "", "10x"])
+def test_a_bad_size_is_rejected_naming_the_option_and_quoting_the_value(text: str) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(maxBytesPerBatch=text)
+    assert_names(error, "maxBytesPerBatch", text)
+
+
 def test_options_are_read_under_the_lower_cased_keys_spark_passes() -> None:
     assert RuntimeOptions.parse({"maxrecordsperbatch": "7"}).max_records_per_batch == 7
 

@@ -22,10 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
-from splitflow.errors import IncompatibleCheckpointError
+from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.planner import (
     OFFSET_FORMAT,
     BatchOffset,
+    MaxBytes,
     MaxRecords,
     MinRecords,
     Planner,
@@ -33,6 +34,7 @@ from splitflow.spark.planner import (
     ReadLimit,
     Slice,
     plan_partitions,
+    share_bytes,
     share_records,
 )
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
@@ -878,3 +880,45 @@ def test_lag_totals_per_slot_and_lists_only_the_most_lagging_splits_of_a_large_s
     assert sum(s["lag"] for s in lag["slots"]) == lag["totalLag"]
     assert sorted(lag["splits"]) == ["s08", "s09", "s10", "s11"]  # lags 8, 9, 10, 10
     assert lag["splits"]["s11"]["lag"] == 10
+
+
+# -- maxBytesPerBatch -----------------------------------------------------------------------------
+
+
+def test_share_bytes_shares_a_byte_budget_by_backlog_in_bytes() -> None:
+    # 100 records of 10 bytes and 100 of 1,000: the budget goes about 1 : 100, whole records.
+    reads = share_bytes({"small": 100, "large": 100}, {"small": 10.0, "large": 1_000.0}, 10_100)
+    assert reads == {"small": 10, "large": 9}
+    assert reads["small"] * 10 + reads["large"] * 1_000 <= 10_100
+
+
+def test_share_bytes_gives_each_split_one_record_even_larger_than_its_share() -> None:
+    # Every split with a backlog moves while the budget lasts, even past the budget.
+    assert share_bytes({"a": 5, "b": 5}, {"a": 4_000.0, "b": 4_000.0}, 1_000) == {"a": 1, "b": 1}
+    assert share_bytes({"a": 5, "b": 5}, {"a": 4_000.0, "b": 4_000.0}, 1) == {"a": 1, "b": 0}
+
+
+def test_share_bytes_names_the_option_when_a_split_has_no_size_estimate() -> None:
+    with pytest.raises(ConfigurationError, match=r"maxBytesPerBatch.*split b") as caught:
+        share_bytes({"a": 5, "b": 5}, {"a": 10.0, "b": None}, 1_000)
+    assert caught.value.option == "maxBytesPerBatch"
+
+
+def test_max_bytes_plans_batches_by_the_source_s_size_estimate(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 300, "b": 300})
+    source = SequenceSource(catalog, discovery_interval=DISCOVERY, record_bytes=100)
+    query = Query(Planner(source, 2, clock=clock))
+    batches = 0
+    while query.batch(MaxBytes(5_000)) is not None:
+        batches += 1
+        assert len(query.batches[-1]) == 50  # 5,000 bytes of 100-byte records
+    assert batches == 12
+    assert_exactly_once(query.read, catalog.records())
+
+
+def test_max_bytes_with_max_records_keeps_both_limits(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 300, "b": 300})
+    source = SequenceSource(catalog, discovery_interval=DISCOVERY, record_bytes=100)
+    query = Query(Planner(source, 2, clock=clock))
+    assert len(query.batch(MaxBytes(5_000, records=20)) or []) == 20
+    assert len(query.batch(MaxBytes(1_000, records=20)) or []) == 10

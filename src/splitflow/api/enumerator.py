@@ -45,11 +45,14 @@ class SplitExtent:
 
     ``latest`` is exclusive: positions below it exist now. ``final`` is true when nothing
     will ever follow ``latest`` (the end of a file, the stopping offset of a bounded read):
-    a reader that reaches it has finished the split.
+    a reader that reaches it has finished the split. ``bytes_per_position``, when the source
+    can estimate it, is the size of what one position holds (a row's bytes; ``1.0`` where
+    positions are byte offsets): what ``maxBytesPerBatch`` plans with.
     """
 
     latest: int
     final: bool = False
+    bytes_per_position: float | None = None
 
 
 class Cancellable(Protocol):

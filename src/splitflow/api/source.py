@@ -62,6 +62,12 @@ class Source(ABC, Generic[RecordT, SplitT, EnumStateT]):
     def enumerator_state_codec(self) -> Codec[EnumStateT]:
         """Encodes the enumerator's snapshot for checkpoints."""
 
+    @property
+    def estimates_size(self) -> bool:
+        """Whether the enumerator's ``latest_positions`` gives every split a
+        ``bytes_per_position`` (a byte budget per batch needs it). Default: no."""
+        return False
+
 
 class SupportsSplitReassignmentOnRecovery:
     """Mix-in: on recovery, readers hand their splits to the enumerator (FLIP-537).

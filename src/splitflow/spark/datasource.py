@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
+    ReadMaxBytes,
     ReadMaxRows,
     ReadMinRows,
     SupportsTriggerAvailableNow,
@@ -43,12 +44,13 @@ from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
-from splitflow.errors import ConnectorError
+from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
+    MaxBytes,
     MaxRecords,
     MinRecords,
     Planner,
@@ -87,7 +89,13 @@ class SplitflowDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.runtime = RuntimeOptions.parse(self.options)
-        self.create_source()
+        source = self.create_source()
+        if self.runtime.max_bytes_per_batch is not None and not source.estimates_size:
+            raise ConfigurationError(
+                f"option maxBytesPerBatch: {self.name()} cannot estimate the size of its "
+                "records; use maxRecordsPerBatch",
+                option="maxBytesPerBatch",
+            )
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return SplitflowStreamReader(self)
@@ -256,17 +264,22 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         runtime = self._ds.runtime
         if runtime.min_records_per_batch is not None:
             return ReadMinRows(runtime.min_records_per_batch)
+        if runtime.max_bytes_per_batch is not None:
+            return ReadMaxBytes(runtime.max_bytes_per_batch)
         if runtime.max_records_per_batch is not None:
             return ReadMaxRows(runtime.max_records_per_batch)
         return ReadAllAvailable()
 
     def _limit(self, limit: SparkReadLimit) -> ReadLimit:
         runtime = self._ds.runtime
-        then: ReadAll | MaxRecords = (
-            MaxRecords(runtime.max_records_per_batch)
-            if runtime.max_records_per_batch is not None
-            else ReadAll()
-        )
+        records, size = runtime.max_records_per_batch, runtime.max_bytes_per_batch
+        then: ReadAll | MaxRecords | MaxBytes = ReadAll()
+        if size is not None:
+            then = MaxBytes(size, records)
+        elif records is not None:
+            then = MaxRecords(records)
+        if isinstance(limit, ReadMaxBytes):
+            return MaxBytes(limit.max_bytes, records)
         if isinstance(limit, ReadMaxRows):
             return MaxRecords(limit.max_rows)
         if isinstance(limit, ReadMinRows):

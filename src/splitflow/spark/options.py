@@ -7,6 +7,9 @@ option                        default    meaning
 ``maxRecordsPerBatch``        (none)     at most this many records per micro-batch, shared
                                          over splits by backlog (a small split is never
                                          starved)
+``maxBytesPerBatch``          (none)     about this many bytes per micro-batch (``64m``,
+                                         ``1g``), for sources that estimate record sizes;
+                                         with maxRecordsPerBatch, both apply
 ``minRecordsPerBatch``        (none)     wait for this many records before a batch ...
 ``maxBatchDelay``             15m        ... unless this long passed since the last batch
 ``maxRecordsPerTask``         (none)     cut a slot's slices into tasks of at most this many
@@ -45,6 +48,23 @@ def parse_duration(option: str, text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+_BYTES = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_bytes(option: str, text: str) -> int:
+    """Bytes in ``text`` (``"1048576"``, ``"64k"``, ``"64m"``, ``"1g"``: powers of 1024)."""
+    match = _BYTES.match(text)
+    value = int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()] if match else 0
+    if value < 1:
+        raise ConfigurationError(
+            f"option {option}: {text!r} is not a size of at least 1 byte (examples: 1048576, "
+            "64k, 64m, 1g)",
+            option=option,
+        )
+    return value
+
+
 def parse_positive_int(option: str, text: str) -> int:
     try:
         value = int(text)
@@ -61,6 +81,7 @@ def parse_positive_int(option: str, text: str) -> int:
 class RuntimeOptions:
     parallelism: int = 2
     max_records_per_batch: int | None = None
+    max_bytes_per_batch: int | None = None
     min_records_per_batch: int | None = None
     max_batch_delay: float = 900.0
     max_records_per_task: int | None = None
@@ -82,6 +103,11 @@ class RuntimeOptions:
         parsed = cls(
             parallelism=whole("parallelism") or 2,
             max_records_per_batch=whole("maxRecordsPerBatch"),
+            max_bytes_per_batch=(
+                parse_bytes("maxBytesPerBatch", options["maxbytesperbatch"])
+                if "maxbytesperbatch" in options
+                else None
+            ),
             min_records_per_batch=whole("minRecordsPerBatch"),
             max_batch_delay=duration("maxBatchDelay", 900.0),
             max_records_per_task=whole("maxRecordsPerTask"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import heapq
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,15 +66,24 @@ class MaxRecords:
 
 
 @dataclass(frozen=True)
+class MaxBytes:
+    """Read about ``bytes`` in one batch (the source estimates sizes), and at most
+    ``records`` records if given; shared over splits by backlog in bytes."""
+
+    bytes: int
+    records: int | None = None
+
+
+@dataclass(frozen=True)
 class MinRecords:
     """Wait for ``records`` before a batch, unless ``max_delay`` seconds passed since the last."""
 
     records: int
     max_delay: float
-    then: ReadAll | MaxRecords = ReadAll()
+    then: ReadAll | MaxRecords | MaxBytes = ReadAll()
 
 
-ReadLimit = ReadAll | MaxRecords | MinRecords
+ReadLimit = ReadAll | MaxRecords | MaxBytes | MinRecords
 SplitCache = dict[int, tuple[Any, list[Any]]]
 """id(split) -> (split, [split id, encoded split]): what :meth:`BatchOffset.encode` reuses."""
 
@@ -111,6 +121,35 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     for split in heapq.nsmallest(remainder, quota, key=lambda s: (-quota[s][1], s)):
         shares[split] += 1
     return shares
+
+
+def share_bytes(
+    backlogs: Mapping[str, int], sizes: Mapping[str, float | None], budget: int
+) -> dict[str, int]:
+    """Records per split for a budget of ``budget`` bytes; ``sizes``: bytes per record.
+
+    The budget is shared as :func:`share_records` shares records, over each split's backlog
+    in bytes, and each share turned back into whole records. A split whose one record is
+    larger than its share still gets that record (a batch always moves every split with a
+    backlog while the budget lasts), so a batch can pass the budget by less than a record
+    per split. A split with a backlog and no size estimate is a configuration error.
+
+    >>> share_bytes({"rows": 1_000, "blobs": 1_000}, {"rows": 10.0, "blobs": 990.0}, 10_000)
+    {'rows': 10, 'blobs': 9}
+    """
+    unknown = sorted(s for s, b in backlogs.items() if b > 0 and sizes.get(s) is None)
+    if unknown:
+        raise ConfigurationError(
+            f"option maxBytesPerBatch: the source gives no size estimate for split "
+            f"{unknown[0]} (it does not support a byte budget)",
+            option="maxBytesPerBatch",
+        )
+    size = {s: max(float(sizes[s] or 0.0), 1e-9) for s in backlogs}
+    in_bytes = {s: math.ceil(b * size[s]) if b > 0 else 0 for s, b in backlogs.items()}
+    shares = share_records(in_bytes, budget)
+    return {
+        s: min(backlogs[s], max(1, int(shares[s] // size[s]))) if shares[s] else 0 for s in backlogs
+    }
 
 
 # -- the offset of a batch -------------------------------------------------------------------
@@ -400,15 +439,14 @@ class Planner(Generic[SplitT, EnumStateT]):
             for sid, split in slot.items()
             if sid in extents
         }
-        total = sum(backlogs.values())
-        effective = limit
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
-            if total < limit.records and waited < limit.max_delay and self._target is None:
+            enough = sum(backlogs.values()) >= limit.records
+            if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
-            effective = limit.then
-        budget = effective.records if isinstance(effective, MaxRecords) else total
-        reads = share_records(backlogs, budget)
+        reads = self._reads(
+            limit.then if isinstance(limit, MinRecords) else limit, backlogs, extents
+        )
         if not changed and sum(reads.values()) == 0:
             return dict(start)  # nothing new: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
@@ -448,6 +486,24 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._events_through = max(self._events_through, completed)
 
     # -- internals ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _reads(
+        limit: ReadAll | MaxRecords | MaxBytes,
+        backlogs: dict[str, int],
+        extents: Mapping[str, SplitExtent],
+    ) -> dict[str, int]:
+        """Records each split reads in the next batch under ``limit``."""
+        if isinstance(limit, MaxRecords):
+            return share_records(backlogs, limit.records)
+        if isinstance(limit, ReadAll):
+            return backlogs
+        sizes = {sid: extents[sid].bytes_per_position for sid in backlogs}
+        reads = share_bytes(backlogs, sizes, limit.bytes)
+        if limit.records is not None:
+            capped = share_records(backlogs, limit.records)
+            reads = {sid: min(n, capped[sid]) for sid, n in reads.items()}
+        return reads
 
     def _cap(self, split_id: str, latest: int) -> int:
         if self._target is None:

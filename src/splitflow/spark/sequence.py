@@ -4,7 +4,8 @@ Options: ``catalog`` (path of a :class:`~splitflow.testing.SequenceCatalog` JSON
 required), ``bounded`` (``true``/``false``), ``failOnDataLoss`` (default ``true``: a split
 that vanishes under a planned batch fails the query with a DataLossError; ``false``: its
 lost records are skipped with a warning), ``discoveryInterval`` (duration; unset:
-discover once), ``fetchSize`` (records per fetch), plus the runtime options of
+discover once), ``fetchSize`` (records per fetch), ``recordBytes`` (a size estimate per
+record, which enables ``maxBytesPerBatch``), plus the runtime options of
 :mod:`splitflow.spark.options`. Rows are ``(split string, position bigint)``.
 """
 
@@ -14,7 +15,7 @@ import os
 
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import parse_duration, parse_positive_int
+from splitflow.spark.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 
@@ -47,6 +48,7 @@ class SequenceDataSource(SplitflowDataSource):
         fail_on_data_loss = self._flag("failOnDataLoss", "true")
         interval = self.options.get("discoveryinterval")
         fetch = self.options.get("fetchsize")
+        record_bytes = self.options.get("recordbytes")
         return SequenceSource(
             SequenceCatalog(path=path),
             bounded=bounded,
@@ -55,4 +57,5 @@ class SequenceDataSource(SplitflowDataSource):
             if interval is None
             else parse_duration("discoveryInterval", interval),
             fetch_size=parse_positive_int("fetchSize", fetch) if fetch else 1000,
+            record_bytes=parse_bytes("recordBytes", record_bytes) if record_bytes else None,
         )

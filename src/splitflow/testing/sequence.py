@@ -175,10 +175,11 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
             if extent is None:
                 continue  # vanished: nothing can be planned for it
             length, sealed = extent
+            size = self._source.record_bytes
             if split.end is not None:
-                result[split.split_id] = SplitExtent(split.end, final=True)
+                result[split.split_id] = SplitExtent(split.end, True, size)
             else:
-                result[split.split_id] = SplitExtent(length, final=sealed)
+                result[split.split_id] = SplitExtent(length, sealed, size)
         return result
 
 
@@ -194,6 +195,7 @@ class SequenceSource(
     ``fail_on_data_loss``: a split that vanishes while a reader holds a planned slice of it
     fails the reader with :class:`~splitflow.errors.DataLossError` (default), or, when
     false, ends that split with a warning (its remaining planned records are gone).
+    ``record_bytes``: a size estimate of one record, so that byte budgets can be planned.
     """
 
     def __init__(
@@ -205,6 +207,7 @@ class SequenceSource(
         strategy: str = "balanced",
         fetch_size: int = 100,
         fail_on_data_loss: bool = True,
+        record_bytes: float | None = None,
     ) -> None:
         if fetch_size < 1:
             raise ConfigurationError(
@@ -216,7 +219,12 @@ class SequenceSource(
         self.strategy = strategy
         self.fetch_size = fetch_size
         self.fail_on_data_loss = fail_on_data_loss
+        self.record_bytes = record_bytes
         self._catalog = catalog  # kept alive while the source lives
+
+    @property
+    def estimates_size(self) -> bool:
+        return self.record_bytes is not None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
