@@ -18,8 +18,15 @@ from tests.coordinator.helpers import (
     make_harness,
 )
 
-from splitflow.api.assigner import AssignerState, AssigningSplitEnumerator
-from splitflow.api.events import SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
+from splitflow.api.enumerator import SplitExtent
+from splitflow.api.events import (
+    BacklogFinishedEvent,
+    BacklogStartedEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
+from splitflow.api.split import DataclassCodec
 from splitflow.coordinator import AddSplits, NoMoreSplits, ReaderEvent
 from splitflow.errors import ConnectorError, ContractViolation, SourceFailedError
 
@@ -475,3 +482,102 @@ def test_assigning_enumerator_for_a_source_without_the_mixin_is_refused_at_start
     exc = h.fail(h.coordinator.start())
 
     assert isinstance(exc.__cause__, ContractViolation)
+
+
+# -- backlog boundaries (FLIP-309, the Fluss design) ----------------------------------------------
+
+
+class LatestEnumerator(CatalogEnumerator):
+    """Knows each split's latest position (``latest``: split id -> position)."""
+
+    def __init__(self, context: Any, catalog: Catalog, latest: dict[str, int], **kw: Any) -> None:
+        super().__init__(context, catalog, **kw)
+        self.latest = latest
+
+    def latest_positions(self, splits: Sequence[Split]) -> dict[str, SplitExtent]:
+        return {s.split_id: SplitExtent(self.latest[s.split_id]) for s in splits}
+
+
+def make_latest(
+    catalog: Catalog, latest: dict[str, int], state: AssignerState[Split] | None = None
+) -> Harness:
+    source = ReassigningFakeSource(
+        lambda ctx, restored: LatestEnumerator(
+            ctx, catalog, latest, discovery_interval=10.0, state=restored
+        )
+    )
+    return make_harness(source, 2, restored_state=state)
+
+
+def in_backlog(h: Harness) -> bool:
+    return bool(h.coordinator.context.is_processing_backlog)
+
+
+def test_a_split_seen_first_gets_its_latest_position_as_backlog_boundary() -> None:
+    latest = {"a": 100, "b": 5, "caught-up": 7}
+    h = make_latest(Catalog(S("a"), S("b", 5), S("caught-up", 7)), latest)
+    register(h, 0, 1)
+    assert h.enumerator.backlog_boundaries() == {"a": 100}  # nothing to catch up elsewhere
+    assert in_backlog(h)
+    latest["a"] = 150  # a known split's boundary does not move
+    latest["new"] = 30
+    h.enumerator.catalog.add(S("new"))
+    h.scheduler.advance(10.0)
+    assert h.enumerator.backlog_boundaries() == {"a": 100, "new": 30}
+
+
+def test_backlog_ends_when_the_last_split_reports_its_boundary() -> None:
+    h = make_latest(Catalog(S("a"), S("b")), {"a": 10, "b": 20})
+    register(h, 0, 1)
+    owner = h.enumerator.owners()
+    h.run(h.coordinator.handle_source_event(owner["a"], BacklogFinishedEvent(("a",))))
+    assert in_backlog(h)
+    h.run(h.coordinator.handle_source_event(owner["b"], BacklogFinishedEvent(("b",))))
+    assert not in_backlog(h)
+    assert h.enumerator.backlog_boundaries() == {}
+
+
+def test_finished_removed_and_unknown_splits_leave_no_boundary() -> None:
+    catalog = Catalog(S("a"), S("b"), S("c"))
+    h = make_latest(catalog, {"a": 10, "b": 20, "c": 30})
+    register(h, 0, 1)
+    owner = h.enumerator.owners()
+    h.run(h.coordinator.handle_source_event(owner["a"], SplitsFinishedEvent(("a",))))
+    catalog.remove("b")
+    h.scheduler.advance(10.0)
+    assert h.enumerator.backlog_boundaries() == {"c": 30}
+    started = BacklogStartedEvent.of({"c": 90, "a": 50, "ghost": 1})  # a finished, ghost unknown
+    h.run(h.coordinator.handle_source_event(owner["c"], started))
+    assert h.enumerator.backlog_boundaries() == {"c": 90}
+
+
+def test_boundaries_and_the_held_flag_survive_a_snapshot_and_restore() -> None:
+    h = make_latest(Catalog(S("a"), S("b")), {"a": 10, "b": 20})
+    register(h, 0, 1)
+    h.run(h.coordinator.run(lambda e: e.hold_backlog(True)))
+    owner = h.enumerator.owners()
+    h.run(h.coordinator.handle_source_event(owner["a"], BacklogFinishedEvent(("a",))))
+    state = snapshot(h)
+    assert state.backlog == {"b": 20}
+    assert state.backlog_held
+
+    codec = AssignerStateCodec(DataclassCodec(Split))
+    decoded = codec.decode(codec.encode(state), codec.version)
+    assert decoded == state
+    restored = make_latest(Catalog(S("a"), S("b")), {"a": 99, "b": 99}, state=decoded)
+    assert restored.enumerator.backlog_boundaries() == {"b": 20}
+    assert in_backlog(restored)
+
+
+def test_a_state_encoded_before_backlog_tracking_decodes_without_boundaries() -> None:
+    codec = AssignerStateCodec(DataclassCodec(Split))
+    old = {
+        "split_codec": 1,
+        "unassigned": {},
+        "assigned": {"a": 0},
+        "finished": [],
+        "discovered": True,
+    }
+    state = codec.decode(old, 1)
+    assert state.backlog == {}
+    assert not state.backlog_held

@@ -15,7 +15,13 @@ from splitflow.api.enumerator import (
     SplitEnumeratorContext,
     SplitExtent,
 )
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.events import (
+    BacklogFinishedEvent,
+    BacklogStartedEvent,
+    SourceEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
 from splitflow.api.reader import InputStatus, ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
 from splitflow.api.split import (
@@ -33,6 +39,8 @@ __all__ = [
     "AssignerStateCodec",
     "AssigningSplitEnumerator",
     "AssignmentStrategy",
+    "BacklogFinishedEvent",
+    "BacklogStartedEvent",
     "BalancedAssignment",
     "Boundedness",
     "Cancellable",

@@ -15,7 +15,12 @@ A connector subclasses :class:`AssigningSplitEnumerator`, implements
   of splits readers own (their positions live in the readers' state);
 * splits that vanish from discovery removed and their owners told
   (:class:`~splitflow.api.events.SplitsRemovedEvent`), via an overridable hook;
-* ``signal_no_more_splits`` once everything is assigned, when discovery is one-off.
+* ``signal_no_more_splits`` once everything is assigned, when discovery is one-off;
+* backlog tracking (FLIP-309, as Fluss proposes it): a split seen for the first time gets
+  a backlog boundary (by default its latest position then, see :meth:`backlog_boundary`),
+  kept in the snapshot until a :class:`~splitflow.api.events.BacklogFinishedEvent` says
+  the split reached it; the source is processing backlog while any split has a boundary
+  or a subclass holds the flag (:meth:`hold_backlog`, e.g. for a snapshot phase).
 
 Ownership invariant, checked where it could break: every known split that has not finished
 is owned by exactly one of the enumerator (unassigned, or awaiting its report after a
@@ -32,8 +37,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
 from splitflow.api.assignment import AssignmentStrategy, BalancedAssignment
-from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
+from splitflow.api.events import (
+    BacklogFinishedEvent,
+    BacklogStartedEvent,
+    SourceEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
 from splitflow.api.split import Codec, JsonDict, LedgerCodec, SplitT
 from splitflow.errors import (
     ConnectorError,
@@ -52,12 +63,16 @@ class AssignerState(Generic[SplitT]):
     splits' positions are in the readers' state, which reports them on restore.
     ``finished``: ids of splits read to their end (never assigned again).
     ``discovered``: the first discovery has completed.
+    ``backlog``: split id -> backlog boundary, for splits that have not reached it.
+    ``backlog_held``: the enumerator itself says the source is processing backlog.
     """
 
     unassigned: tuple[SplitT, ...] = ()
     assigned: Mapping[str, int] = field(default_factory=dict)
     finished: frozenset[str] = frozenset()
     discovered: bool = False
+    backlog: Mapping[str, int] = field(default_factory=dict)
+    backlog_held: bool = False
 
 
 class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
@@ -78,6 +93,8 @@ class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
             "assigned": dict(value.assigned),
             "finished": sorted(value.finished),
             "discovered": value.discovered,
+            "backlog": dict(value.backlog),
+            "backlog_held": value.backlog_held,
         }
 
     def decode(self, data: Mapping[str, Any], version: int) -> AssignerState[SplitT]:
@@ -91,6 +108,8 @@ class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
             assigned={str(k): int(v) for k, v in data["assigned"].items()},
             finished=frozenset(data["finished"]),
             discovered=bool(data["discovered"]),
+            backlog={str(k): int(v) for k, v in data.get("backlog", {}).items()},
+            backlog_held=bool(data.get("backlog_held", False)),
         )
 
     def split_ledger(
@@ -144,6 +163,8 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._discovered = state.discovered
         self._signaled: set[int] = set()
         self._removed: set[str] = set()  # removed upstream in this run: reports are stale
+        self._backlog: dict[str, int] = dict(state.backlog)  # split id -> boundary
+        self._backlog_held = state.backlog_held
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -159,6 +180,21 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def on_discovery_error(self, error: BaseException) -> None:
         """Discovery raised ``error``. Default: fail the source with a ConnectorError."""
         raise ConnectorError(f"split discovery failed in {type(self).__name__}: {error}") from error
+
+    def backlog_boundary(self, split: SplitT, extent: SplitExtent | None) -> int | None:
+        """The backlog boundary of a split seen for the first time (``None``: no backlog).
+
+        ``extent`` is what :meth:`latest_positions` says of the split now. Default: its
+        latest position, so what exists when the split is first seen is its backlog.
+        Override for another rule (e.g. the end of a snapshot). A boundary at or before the
+        split's position means it has nothing to catch up.
+        """
+        return None if extent is None else extent.latest
+
+    def hold_backlog(self, held: bool) -> None:
+        """Say the source is processing backlog whatever the splits' boundaries (or stop)."""
+        self._backlog_held = held
+        self._signal_backlog()
 
     def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
         """Known, unfinished splits no longer exist. Default: drop them, tell their owners.
@@ -184,9 +220,13 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def finished_splits(self) -> frozenset[str]:
         return frozenset(self._finished)
 
+    def backlog_boundaries(self) -> Mapping[str, int]:
+        return dict(self._backlog)
+
     # -- SplitEnumerator ------------------------------------------------------------------
 
     def start(self) -> None:
+        self._signal_backlog()  # a restored state may be in backlog
         self.context.call_async(
             self.discover_splits, self._handle_discovery, period=self.discovery_interval
         )
@@ -224,8 +264,16 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             for sid in event.split_ids:
                 if self._owner.get(sid) == reader_id:
                     self._release(sid)
+                    self._backlog.pop(sid, None)
                     self._finished[sid] = reader_id
             self._maybe_signal_no_more_splits()
+        elif isinstance(event, BacklogFinishedEvent):
+            for sid in event.split_ids:
+                self._backlog.pop(sid, None)
+        elif isinstance(event, BacklogStartedEvent):
+            known = self._unassigned.keys() | self._owner.keys() | self._awaiting.keys()
+            self._backlog.update((s, b) for s, b in event.boundaries if s in known)
+        self._signal_backlog()
 
     def snapshot_state(self, checkpoint_id: int) -> AssignerState[SplitT]:
         assigned = dict(self._awaiting)
@@ -235,6 +283,8 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             assigned=assigned,
             finished=frozenset(self._finished),
             discovered=self._discovered,
+            backlog=dict(self._backlog),
+            backlog_held=self._backlog_held,
         )
 
     # -- helpers --------------------------------------------------------------------------
@@ -250,6 +300,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             self._unassigned.pop(sid, None)
             self._awaiting.pop(sid, None)
             self._preferred.pop(sid, None)
+            self._backlog.pop(sid, None)
             self._removed.add(sid)
         registered = self.context.registered_readers()
         for owner, sids in sorted(by_owner.items()):
@@ -304,10 +355,17 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         vanished = sorted(known_open - current.keys())
         if vanished:
             self.on_splits_vanished(vanished)
-        for sid, split in current.items():
-            if sid not in known_open and sid not in self._finished:
-                self._unassigned[sid] = split
+        new = [
+            s for sid, s in current.items() if sid not in known_open and sid not in self._finished
+        ]
+        extents = self.latest_positions(new) if new else {}
+        for split in new:
+            self._unassigned[split.split_id] = split
+            boundary = self.backlog_boundary(split, extents.get(split.split_id))
+            if boundary is not None and boundary > split.position:
+                self._backlog[split.split_id] = boundary
         self._discovered = True
+        self._signal_backlog()
         self._assign_pending()
 
     def _assign_pending(self) -> None:
@@ -372,6 +430,9 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
                 self._owned_by.setdefault(reader, set()).add(sid)
                 self._assigned[sid] = split
         self.context.assign_splits(assignment)
+
+    def _signal_backlog(self) -> None:
+        self.context.set_is_processing_backlog(self._backlog_held or bool(self._backlog))
 
     def _maybe_signal_no_more_splits(self) -> None:
         if self.discovery_interval is not None or not self._discovered:

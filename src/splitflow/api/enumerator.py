@@ -215,6 +215,15 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         """
         return {}
 
+    def backlog_boundaries(self) -> Mapping[str, int]:
+        """Splits still reading backlog, each with the position that ends its backlog.
+
+        Called by: the coordinator thread, when a runtime tracks backlog (Spark: once per
+        micro-batch); a runtime sends :class:`~splitflow.api.events.BacklogFinishedEvent`
+        for a split whose position reached its boundary. Default: none.
+        """
+        return {}
+
     def close(self) -> None:
         """Release resources. No other method is called after this."""
 

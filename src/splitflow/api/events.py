@@ -7,6 +7,7 @@ subclassing :class:`SourceEvent`; the ones below are understood by splitflow's o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -34,3 +35,29 @@ class SplitsRemovedEvent(SourceEvent):
     """
 
     split_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BacklogFinishedEvent(SourceEvent):
+    """Reader (or runtime) -> enumerator: these splits reached their backlog boundary.
+
+    Sent once per split and boundary. On Spark the driver sends it when the batch that
+    read a split up to its boundary has completed (it knows every split's position then),
+    so a retried or replayed task never sends it twice.
+    """
+
+    split_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BacklogStartedEvent(SourceEvent):
+    """Runtime -> enumerator: these splits fell far behind; catch up to these positions.
+
+    ``boundaries``: split id -> the position the split must reach to leave backlog again.
+    """
+
+    boundaries: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, boundaries: Mapping[str, int]) -> BacklogStartedEvent:
+        return cls(tuple(sorted(boundaries.items())))

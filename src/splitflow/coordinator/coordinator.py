@@ -428,6 +428,9 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
     def latest_positions(self, splits: Sequence[SplitT]) -> Future[Mapping[str, SplitExtent]]:
         return self._submit(lambda: self.enumerator.latest_positions(splits))
 
+    def backlog_boundaries(self) -> Future[Mapping[str, int]]:
+        return self._submit(lambda: dict(self.enumerator.backlog_boundaries()))
+
     def run(self, fn: Callable[[SplitEnumerator[SplitT, EnumStateT]], T]) -> Future[T]:
         """Run ``fn(enumerator)`` on the coordinator thread (inspection, tests)."""
         return self._submit(lambda: fn(self.enumerator))

@@ -50,9 +50,6 @@ from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
-    MaxBytes,
-    MaxRecords,
-    MinRecords,
     Planner,
     ReadAll,
     ReadLimit,
@@ -90,12 +87,16 @@ class SplitflowDataSource(DataSource):
         super().__init__(options)
         self.runtime = RuntimeOptions.parse(self.options)
         source = self.create_source()
-        if self.runtime.max_bytes_per_batch is not None and not source.estimates_size:
-            raise ConfigurationError(
-                f"option maxBytesPerBatch: {self.name()} cannot estimate the size of its "
-                "records; use maxRecordsPerBatch",
-                option="maxBytesPerBatch",
-            )
+        for option, value in (
+            ("maxBytesPerBatch", self.runtime.max_bytes_per_batch),
+            ("backlogMaxBytesPerBatch", self.runtime.backlog_max_bytes_per_batch),
+        ):
+            if value is not None and not source.estimates_size:
+                raise ConfigurationError(
+                    f"option {option}: {self.name()} cannot estimate the size of its "
+                    "records; use the records options",
+                    option=option,
+                )
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return SplitflowStreamReader(self)
@@ -235,7 +236,10 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             collect_garbage_less_often()
             runtime = self._ds.runtime
             self._planner = Planner(
-                self._ds.create_source(), runtime.parallelism, state_dir=runtime.state_dir
+                self._ds.create_source(),
+                runtime.parallelism,
+                state_dir=runtime.state_dir,
+                backlog_lag_threshold=runtime.backlog_lag_threshold,
             )
             self._close_on_sigterm()
         return self._planner
@@ -268,23 +272,18 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return ReadMaxBytes(runtime.max_bytes_per_batch)
         if runtime.max_records_per_batch is not None:
             return ReadMaxRows(runtime.max_records_per_batch)
+        if runtime.backlog_max_bytes_per_batch is not None:
+            return ReadMaxBytes(runtime.backlog_max_bytes_per_batch)
+        if runtime.backlog_max_records_per_batch is not None:
+            return ReadMaxRows(runtime.backlog_max_records_per_batch)
         return ReadAllAvailable()
 
     def _limit(self, limit: SparkReadLimit) -> ReadLimit:
-        runtime = self._ds.runtime
-        records, size = runtime.max_records_per_batch, runtime.max_bytes_per_batch
-        then: ReadAll | MaxRecords | MaxBytes = ReadAll()
-        if size is not None:
-            then = MaxBytes(size, records)
-        elif records is not None:
-            then = MaxRecords(records)
-        if isinstance(limit, ReadMaxBytes):
-            return MaxBytes(limit.max_bytes, records)
-        if isinstance(limit, ReadMaxRows):
-            return MaxRecords(limit.max_rows)
-        if isinstance(limit, ReadMinRows):
-            return MinRecords(limit.min_rows, runtime.max_batch_delay, then)
-        return ReadAll()
+        """ReadAllAvailable (``trigger(once=True)``) reads everything; any other limit is
+        the default one, which the planner applies from the options (by backlog state)."""
+        if isinstance(limit, ReadAllAvailable):
+            return ReadAll()
+        return self._ds.runtime.read_limit()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._driver().prepare_available_now()

@@ -10,6 +10,12 @@ option                        default    meaning
 ``maxBytesPerBatch``          (none)     about this many bytes per micro-batch (``64m``,
                                          ``1g``), for sources that estimate record sizes;
                                          with maxRecordsPerBatch, both apply
+``backlogMaxRecordsPerBatch`` (none)     while the source processes backlog (catching up):
+                                         at most this many records per batch instead of
+                                         maxRecordsPerBatch (size it for throughput)
+``backlogMaxBytesPerBatch``   (none)     the same for maxBytesPerBatch
+``backlogLagThreshold``       (none)     outside backlog, falling more than this many
+                                         records behind (all splits) enters backlog again
 ``minRecordsPerBatch``        (none)     wait for this many records before a batch ...
 ``maxBatchDelay``             15m        ... unless this long passed since the last batch
 ``maxRecordsPerTask``         (none)     cut a slot's slices into tasks of at most this many
@@ -32,6 +38,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from splitflow.errors import ConfigurationError
+from splitflow.spark.planner import (
+    BacklogAware,
+    MaxBytes,
+    MaxRecords,
+    MinRecords,
+    ReadAll,
+    ReadLimit,
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -82,6 +96,9 @@ class RuntimeOptions:
     parallelism: int = 2
     max_records_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
+    backlog_max_records_per_batch: int | None = None
+    backlog_max_bytes_per_batch: int | None = None
+    backlog_lag_threshold: int | None = None
     min_records_per_batch: int | None = None
     max_batch_delay: float = 900.0
     max_records_per_task: int | None = None
@@ -96,6 +113,10 @@ class RuntimeOptions:
             text = options.get(name.lower())
             return None if text is None else parse_positive_int(name, text)
 
+        def size(name: str) -> int | None:
+            text = options.get(name.lower())
+            return None if text is None else parse_bytes(name, text)
+
         def duration(name: str, default: float) -> float:
             text = options.get(name.lower())
             return default if text is None else parse_duration(name, text)
@@ -103,11 +124,10 @@ class RuntimeOptions:
         parsed = cls(
             parallelism=whole("parallelism") or 2,
             max_records_per_batch=whole("maxRecordsPerBatch"),
-            max_bytes_per_batch=(
-                parse_bytes("maxBytesPerBatch", options["maxbytesperbatch"])
-                if "maxbytesperbatch" in options
-                else None
-            ),
+            max_bytes_per_batch=size("maxBytesPerBatch"),
+            backlog_max_records_per_batch=whole("backlogMaxRecordsPerBatch"),
+            backlog_max_bytes_per_batch=size("backlogMaxBytesPerBatch"),
+            backlog_lag_threshold=whole("backlogLagThreshold"),
             min_records_per_batch=whole("minRecordsPerBatch"),
             max_batch_delay=duration("maxBatchDelay", 900.0),
             max_records_per_task=whole("maxRecordsPerTask"),
@@ -121,3 +141,20 @@ class RuntimeOptions:
                 option="minRecordsPerBatch",
             )
         return parsed
+
+    def read_limit(self) -> ReadLimit:
+        """The planner's limit for each batch, from the admission options."""
+        cap = _cap(self.max_records_per_batch, self.max_bytes_per_batch)
+        live: ReadAll | MaxRecords | MaxBytes | MinRecords = cap
+        if self.min_records_per_batch is not None:
+            live = MinRecords(self.min_records_per_batch, self.max_batch_delay, cap)
+        records, size = self.backlog_max_records_per_batch, self.backlog_max_bytes_per_batch
+        if records is None and size is None:
+            return live
+        return BacklogAware(_cap(records, size), live)
+
+
+def _cap(records: int | None, size: int | None) -> ReadAll | MaxRecords | MaxBytes:
+    if size is not None:
+        return MaxBytes(size, records)
+    return ReadAll() if records is None else MaxRecords(records)

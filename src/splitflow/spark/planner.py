@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.events import (
+    BacklogFinishedEvent,
+    BacklogStartedEvent,
+    SourceEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
 from splitflow.api.source import Source
 from splitflow.api.split import JsonDict, LedgerCodec, SplitT, with_position
 from splitflow.coordinator.checkpoint import redistribute_reader_states
@@ -83,7 +89,16 @@ class MinRecords:
     then: ReadAll | MaxRecords | MaxBytes = ReadAll()
 
 
-ReadLimit = ReadAll | MaxRecords | MaxBytes | MinRecords
+@dataclass(frozen=True)
+class BacklogAware:
+    """``backlog`` while the source is processing backlog (throughput), else ``live``
+    (latency); decided when each batch is planned (see :meth:`Planner.latest_offset`)."""
+
+    backlog: ReadAll | MaxRecords | MaxBytes | MinRecords
+    live: ReadAll | MaxRecords | MaxBytes | MinRecords
+
+
+ReadLimit = ReadAll | MaxRecords | MaxBytes | MinRecords | BacklogAware
 SplitCache = dict[int, tuple[Any, list[Any]]]
 """id(split) -> (split, [split id, encoded split]): what :meth:`BatchOffset.encode` reuses."""
 
@@ -277,9 +292,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         *,
         clock: Callable[[], float] = time.monotonic,
         state_dir: str | None = None,
+        backlog_lag_threshold: int | None = None,
     ) -> None:
         self.source = source
         self.parallelism = parallelism
+        self.backlog_lag_threshold = backlog_lag_threshold
         self._events = EventStore(state_dir) if state_dir else None
         codec = source.enumerator_state_codec
         self._ledgers: LedgerCodec[EnumStateT] | None = (
@@ -313,6 +330,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
+        self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
             self.parallelism,
@@ -332,7 +350,6 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unrecorded_finish = False
         self._latest_extents = None
         self._events_through = restore_from.events_through if restore_from else 0
-        self._to_readers = {}
         self._pumped_at = self._last_batch_at = self._clock()
 
     def _restored_state(self, offset: BatchOffset[SplitT, EnumStateT] | None) -> EnumStateT | None:
@@ -432,6 +449,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         extents = self._latest_extents = self._extents()
         # A finish applied while a MinRecords limit waited still needs a batch to record it.
         changed = self._finish_ended_splits(extents) or self._unrecorded_finish
+        self._track_backlog(extents)
         self._unrecorded_finish = changed
         backlogs = {
             sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
@@ -439,6 +457,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             for sid, split in slot.items()
             if sid in extents
         }
+        if isinstance(limit, BacklogAware):
+            limit = limit.backlog if self.in_backlog else limit.live
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
             enough = sum(backlogs.values()) >= limit.records
@@ -534,6 +554,56 @@ class Planner(Generic[SplitT, EnumStateT]):
                 changed = True
         return changed
 
+    @property
+    def in_backlog(self) -> bool:
+        """Whether the source is processing backlog now (the enumerator's flag)."""
+        return self.coordinator.context.is_processing_backlog
+
+    def _track_backlog(self, extents: Mapping[str, SplitExtent]) -> None:
+        """Tell the enumerator which splits reached their backlog boundary, and which fell
+        behind again (over :attr:`backlog_lag_threshold` records in all, outside backlog:
+        each lagging split gets its latest position as its new boundary).
+
+        The positions are those after the last planned batch, which has completed: a
+        split's event is sent when the first batch that read up to its boundary is done,
+        whatever its tasks' retries. Being derived from positions, these changes need no
+        batch of their own: an enumerator restored from an offset without them gets them
+        again when the next batch is planned.
+        """
+        boundaries = self._settle(self.coordinator.backlog_boundaries())
+        for slot_id, slot in self._slots.items():
+            reached = tuple(
+                sid
+                for sid, s in slot.items()
+                if sid in boundaries and s.position >= boundaries[sid]
+            )
+            if reached:
+                event: SourceEvent = BacklogFinishedEvent(reached)
+                self._settle(self.coordinator.handle_source_event(slot_id, event))
+        threshold = self.backlog_lag_threshold
+        if threshold is None or self.in_backlog:
+            return
+        behind = {
+            slot_id: {
+                sid: extents[sid].latest
+                for sid, s in slot.items()
+                if sid in extents and extents[sid].latest > s.position
+            }
+            for slot_id, slot in self._slots.items()
+        }
+        lag = sum(
+            latest - self._slots[slot_id][sid].position
+            for slot_id, splits in behind.items()
+            for sid, latest in splits.items()
+        )
+        if lag <= threshold:
+            return
+        log.info("splitflow: %d records behind (over %d): processing backlog again", lag, threshold)
+        for slot_id, splits in behind.items():
+            if splits:
+                event = BacklogStartedEvent.of(splits)
+                self._settle(self.coordinator.handle_source_event(slot_id, event))
+
     def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
         """Slot ``slot_id``'s splits in split id order (sorted again only after additions)."""
         if slot_id in self._unsorted:
@@ -602,6 +672,9 @@ class Planner(Generic[SplitT, EnumStateT]):
             extents = self._latest_extents
         else:
             extents = self._extents() if self._coordinator is not None else {}
+        boundaries = (
+            self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
+        )
         rows: list[tuple[str, dict[str, Any]]] = []
         slots = []
         for slot_id in sorted(self._slots):
@@ -611,6 +684,9 @@ class Planner(Generic[SplitT, EnumStateT]):
                 lag = None if latest is None else max(0, latest - split.position)
                 slot_lag += lag or 0
                 row = {"owner": slot_id, "position": split.position, "latest": latest, "lag": lag}
+                if sid in boundaries:
+                    row["backlogBoundary"] = boundaries[sid]
+                    row["toBoundary"] = max(0, boundaries[sid] - split.position)
                 rows.append((sid, row))
             slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
         if len(rows) > self.progress_splits:
@@ -620,7 +696,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             "totalLag": sum(s["lag"] for s in slots),
             "slots": slots,
             "splits": dict(rows),
-            "backlog": bool(self._last and self._last.backlog),
+            "backlog": bool(self._coordinator and self.in_backlog),
+            "backlogSplits": len(boundaries),
         }
 
 
