@@ -85,3 +85,13 @@ def test_inspect_command_prints_json(checkpoint: Path) -> None:
     [source] = json.loads(done.stdout)
     assert source["parallelism"] == 2
     assert {s["id"] for s in source["splits"]} == {"a", "b", "c"}
+
+
+def test_inspect_shows_each_split_s_backlog_boundary_and_distance(checkpoint: Path) -> None:
+    [state] = read_checkpoint(str(checkpoint))
+    rows = {r.split_id: r for r in state.splits}
+    assert state.backlog  # the records there at the start are the backlog
+    assert rows["a"].boundary == 10
+    assert rows["a"].to_boundary == 10 - (rows["a"].stop or 0)
+    assert rows["c"].boundary is None  # empty at the start: no backlog
+    assert "backlog to" in format_table([state])

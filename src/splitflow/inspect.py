@@ -32,12 +32,22 @@ class SplitRow:
     owner: int | None
     start: int | None
     stop: int | None
+    boundary: int | None = None
+    """The split's backlog boundary, while it has not reached it."""
 
     @property
     def records(self) -> int | None:
         if self.start is None or self.stop is None:
             return None
         return self.stop - self.start
+
+    @property
+    def to_boundary(self) -> int | None:
+        """Records between where this batch leaves the split and its backlog boundary."""
+        at = self.stop if self.stop is not None else self.start
+        if self.boundary is None or at is None:
+            return None
+        return max(0, self.boundary - at)
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,17 @@ def _source_state(
     batch: int, committed: bool, index: int, offset: dict[str, Any], state_dir: str | None
 ) -> SourceState:
     rows = []
+    enumerator = offset.get("enumerator", {})
+    boundaries = enumerator.get("backlog", {})
     for slot, slices in enumerate(offset["slots"]):
         for split_id, split, stop in slices:
-            rows.append(SplitRow(split_id, "reading", slot, int(split["position"]), int(stop)))
-    enumerator = offset.get("enumerator", {})
+            start = int(split["position"])
+            boundary = boundaries.get(split_id)
+            rows.append(SplitRow(split_id, "reading", slot, start, int(stop), boundary))
     for split_id, split in enumerator.get("unassigned", {}).items():
-        rows.append(SplitRow(split_id, "unassigned", None, split.get("position"), None))
+        position = split.get("position")
+        boundary = boundaries.get(split_id)
+        rows.append(SplitRow(split_id, "unassigned", None, position, None, boundary))
     finished = list(enumerator.get("finished", []))
     ledger_size = None
     if "ledger" in offset:
@@ -141,15 +156,18 @@ def format_table(states: list[SourceState]) -> str:
                 "(--state-dir lists them)"
             )
         out.append(
-            f"  {'split':30s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} {'rows':>10s}"
+            f"  {'split':30s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} "
+            f"{'rows':>10s} {'backlog to':>12s} {'to go':>10s}"
         )
+
+        def cell(value: int | None, width: int) -> str:
+            return f"{'' if value is None else value:>{width}}"
+
         for row in state.splits:
             out.append(
-                f"  {row.split_id:30.30s} {row.state:10s} "
-                f"{'' if row.owner is None else row.owner:>4} "
-                f"{'' if row.start is None else row.start:>12} "
-                f"{'' if row.stop is None else row.stop:>12} "
-                f"{'' if row.records is None else row.records:>10}"
+                f"  {row.split_id:30.30s} {row.state:10s} {cell(row.owner, 4)} "
+                f"{cell(row.start, 12)} {cell(row.stop, 12)} {cell(row.records, 10)} "
+                f"{cell(row.boundary, 12)} {cell(row.to_boundary, 10)}"
             )
     return "\n".join(out) if out else "no splitflow source in this batch"
 
@@ -172,6 +190,8 @@ def to_json(states: list[SourceState]) -> str:
                         "slot": r.owner,
                         "start": r.start,
                         "stop": r.stop,
+                        "backlog_boundary": r.boundary,
+                        "to_boundary": r.to_boundary,
                     }
                     for r in s.splits
                 ],
