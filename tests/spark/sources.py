@@ -28,16 +28,30 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
+from splitflow.api.assigner import AssignerState, AssignerStateCodec
+from splitflow.api.enumerator import SplitEnumeratorContext
+from splitflow.api.events import SourceEvent
+from splitflow.api.reader import InputStatus, SourceReaderContext
+from splitflow.api.split import Codec, LedgerCodec, SplitState
 from splitflow.errors import ConfigurationError
+from splitflow.reader import PositionedEmitter, SourceReaderBase
 from splitflow.spark.datasource import SlicePartition, SplitflowStreamReader, read_partition
 from splitflow.spark.options import parse_duration
 from splitflow.spark.sequence import SequenceDataSource
+from splitflow.testing.sequence import (
+    SequenceEnumerator,
+    SequenceRecord,
+    SequenceSource,
+    SequenceSplit,
+)
+from splitflow.testing.sequence_reader import SequenceSplitReader
 
 
 class InjectedCrash(RuntimeError):
@@ -159,3 +173,292 @@ def read_task_log(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 TEST_SOURCES = (FaultySequenceDataSource,)
+
+
+# -- splitflow-sequence-events: reader events end to end ----------------------------------------
+#
+# ``splitflow-sequence-events`` is ``splitflow-sequence-faulty`` (same options, same rows) whose
+# readers report what they read and whose enumerator keeps every report in its state, so a
+# test can read from the checkpoint's offsets exactly which events reached the enumerator:
+#
+# * reader -> enumerator: per split per task a :class:`ReadReport` ("read ``records`` records
+#   of split X from ``start`` up to ``stop``", with the task's batch, partition and attempt);
+# * enumerator -> reader: the enumerator answers each report with a :class:`ReportAck` (the
+#   report's number) to the sending slot; the slot's tasks of a later batch receive it with
+#   their partition and send it back in an :class:`AcksReceived`, which the enumerator keeps.
+#
+# Extra options: ``crashAfterEventsBatch`` / ``crashAfterEventsPartition`` (default 0): the
+# first attempt of that task fails AFTER it has read its whole slice and its events were
+# written to ``stateDir``; ``holdAfterEvents`` (a duration): every task waits this long after
+# its events were written before it ends (a window to kill the driver in).
+
+
+@dataclass(frozen=True)
+class ReadReport(SourceEvent):
+    """Reader -> enumerator: a task read ``records`` records of ``split`` in [start, stop)."""
+
+    split: str
+    start: int
+    stop: int
+    records: int
+    batch: int | None
+    partition: int | None
+    attempt: int | None
+
+
+@dataclass(frozen=True)
+class ReportAck(SourceEvent):
+    """Enumerator -> reader: report number ``number`` (its index in the log) arrived."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class AcksReceived(SourceEvent):
+    """Reader -> enumerator: the acks a task received with its partition."""
+
+    numbers: tuple[int, ...]
+    batch: int | None
+    partition: int | None
+
+
+@dataclass(frozen=True)
+class EventLogState:
+    """The enumerator's state: assignment, and every report and returned ack it received.
+
+    ``reports``: ``(slot, split, start, stop, records, batch, partition, attempt)`` in order of
+    arrival (a report's number is its index); ``echoes``: ``(slot, ack number, batch,
+    partition)``.
+    """
+
+    assigner: AssignerState[SequenceSplit]
+    reports: tuple[tuple[Any, ...], ...] = ()
+    echoes: tuple[tuple[Any, ...], ...] = ()
+
+
+class EventLogStateCodec(LedgerCodec[EventLogState]):
+    """JSON for :class:`EventLogState`; its ledger is the assigner's (finished split ids)."""
+
+    version = 1
+
+    def __init__(self, split_codec: Codec[SequenceSplit]) -> None:
+        self._assigner = AssignerStateCodec(split_codec)
+
+    def encode(self, value: EventLogState) -> dict[str, Any]:
+        return {
+            "assigner": self._assigner.encode(value.assigner),
+            "reports": [list(r) for r in value.reports],
+            "echoes": [list(e) for e in value.echoes],
+        }
+
+    def decode(self, data: Mapping[str, Any], version: int) -> EventLogState:
+        return EventLogState(
+            self._assigner.decode(data["assigner"], self._assigner.version),
+            tuple(tuple(r) for r in data["reports"]),
+            tuple(tuple(e) for e in data["echoes"]),
+        )
+
+    def split_ledger(self, value: EventLogState) -> tuple[EventLogState, frozenset[str]]:
+        stripped, ledger = self._assigner.split_ledger(value.assigner)
+        return replace(value, assigner=stripped), ledger
+
+    def join_ledger(self, value: EventLogState, ledger: frozenset[str]) -> EventLogState:
+        return replace(value, assigner=self._assigner.join_ledger(value.assigner, ledger))
+
+
+class EventLogEnumerator(SequenceEnumerator):
+    """The sequence enumerator that logs reports and returned acks, and acks each report."""
+
+    def __init__(
+        self,
+        source: SequenceSource,
+        context: SplitEnumeratorContext[SequenceSplit],
+        state: EventLogState | None,
+    ) -> None:
+        super().__init__(source, context, state.assigner if state else None)
+        self._reports = list(state.reports) if state else []
+        self._echoes = list(state.echoes) if state else []
+
+    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
+        if isinstance(event, ReadReport):
+            number = len(self._reports)
+            self._reports.append((reader_id, *astuple(event)))
+            self.context.send_event_to_source_reader(reader_id, ReportAck(number))
+        elif isinstance(event, AcksReceived):
+            self._echoes.extend((reader_id, n, event.batch, event.partition) for n in event.numbers)
+        else:
+            super().handle_source_event(reader_id, event)
+
+    def snapshot_state(self, checkpoint_id: int) -> EventLogState:  # type: ignore[override]
+        return EventLogState(
+            super().snapshot_state(checkpoint_id), tuple(self._reports), tuple(self._echoes)
+        )
+
+
+class _CountingOutput:
+    """Passes records on; counts them per split and checks they come in position order."""
+
+    def __init__(self, output: Any, counts: dict[str, int], nexts: dict[str, int]) -> None:
+        self._output, self._counts, self._nexts = output, counts, nexts
+
+    def collect(self, record: tuple[str, int]) -> None:
+        name, position = record
+        if self._nexts.get(name, position) != position:
+            raise AssertionError(f"split {name}: record {position}, expected {self._nexts[name]}")
+        self._nexts[name] = position + 1
+        self._counts[name] = self._counts.get(name, 0) + 1
+        self._output.collect(record)
+
+
+class ReportingSequenceReader(SourceReaderBase[Any, Any, SequenceSplit]):
+    """The sequence reader that sends a :class:`ReadReport` per finished split slice and an
+    :class:`AcksReceived` for the acks it was given (see the section comment)."""
+
+    def __init__(self, source: SequenceSource, context: SourceReaderContext) -> None:
+        catalog, fetch_size = source.catalog, source.fetch_size
+        super().__init__(
+            lambda: SequenceSplitReader(
+                catalog, fetch_size, fail_on_data_loss=source.fail_on_data_loss
+            ),
+            PositionedEmitter[SequenceRecord, SequenceSplit](),
+            context,
+        )
+        task = TaskContext.get()
+        batch = None if task is None else task.getLocalProperty("streaming.sql.batchId")
+        self._batch = None if batch is None else int(batch)
+        self._partition = None if task is None else task.partitionId()
+        self._attempt = None if task is None else task.attemptNumber()
+        self._starts: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
+        self._nexts: dict[str, int] = {}
+        self._acks: list[int] = []
+
+    def add_splits(
+        self, splits: Sequence[SequenceSplit], stop_at: Mapping[str, int] | None = None
+    ) -> None:
+        for split in splits:
+            self._starts[split.split_id] = split.position
+            self._nexts[split.split_id] = split.position
+        super().add_splits(splits, stop_at)
+
+    def notify_no_more_splits(self) -> None:
+        if self._acks:
+            self.context.send_source_event_to_coordinator(
+                AcksReceived(tuple(self._acks), self._batch, self._partition)
+            )
+        super().notify_no_more_splits()
+
+    def handle_source_event(self, event: SourceEvent) -> None:
+        if isinstance(event, ReportAck):
+            self._acks.append(event.number)
+        super().handle_source_event(event)
+
+    def poll_next(self, output: Any) -> InputStatus:
+        return super().poll_next(_CountingOutput(output, self._counts, self._nexts))
+
+    def on_split_finished(
+        self, finished: Mapping[str, SplitState[SequenceSplit]], ended: frozenset[str]
+    ) -> None:
+        for split_id, state in finished.items():
+            self.context.send_source_event_to_coordinator(
+                ReadReport(
+                    split_id,
+                    self._starts[split_id],
+                    state.position,
+                    self._counts.get(split_id, 0),
+                    self._batch,
+                    self._partition,
+                    self._attempt,
+                )
+            )
+
+
+class EventLogSequenceSource(SequenceSource):
+    """:class:`SequenceSource` with the event-logging enumerator and the reporting reader."""
+
+    @classmethod
+    def like(cls, source: SequenceSource) -> EventLogSequenceSource:
+        return cls(
+            source.catalog,
+            bounded=source.bounded,
+            discovery_interval=source.discovery_interval,
+            strategy=source.strategy,
+            fetch_size=source.fetch_size,
+            fail_on_data_loss=source.fail_on_data_loss,
+        )
+
+    def create_enumerator(self, context: SplitEnumeratorContext[SequenceSplit]) -> Any:
+        return EventLogEnumerator(self, context, None)
+
+    def restore_enumerator(self, context: SplitEnumeratorContext[SequenceSplit], state: Any) -> Any:
+        return EventLogEnumerator(self, context, state)
+
+    def create_reader(self, context: SourceReaderContext) -> Any:
+        return ReportingSequenceReader(self, context)
+
+    @property
+    def enumerator_state_codec(self) -> Any:
+        return EventLogStateCodec(self.split_codec)
+
+
+class EventsSequenceDataSource(FaultySequenceDataSource):
+    """``splitflow-sequence-events``: see the section comment above."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "splitflow-sequence-events"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.crash_after_events_batch = _whole(self.options, "crashAfterEventsBatch")
+        self.crash_after_events_partition = _whole(self.options, "crashAfterEventsPartition") or 0
+        hold = self.options.get("holdafterevents")
+        self.hold_after_events = 0.0 if hold is None else parse_duration("holdAfterEvents", hold)
+
+    def create_source(self) -> EventLogSequenceSource:
+        return EventLogSequenceSource.like(super().create_source())
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return EventsStreamReader(self)
+
+
+class EventsStreamReader(SplitflowStreamReader):
+    """Reads like ``splitflow-sequence-faulty``, then may hold or crash after the events."""
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SlicePartition)
+        assert isinstance(self._ds, EventsSequenceDataSource)
+        return _read_then_crash(self._ds, partition)
+
+
+def _read_then_crash(ds: EventsSequenceDataSource, partition: SlicePartition) -> Iterator[Any]:
+    yield from _faulty_read(ds, partition)  # the events are in stateDir once this returns
+    context = TaskContext.get()
+    assert context is not None, "read() runs in a Spark task"
+    batch_text = context.getLocalProperty("streaming.sql.batchId")
+    batch = None if batch_text is None else int(batch_text)
+    if ds.hold_after_events:
+        time.sleep(ds.hold_after_events)
+    if (
+        batch is not None
+        and batch == ds.crash_after_events_batch
+        and context.partitionId() == ds.crash_after_events_partition
+        and context.attemptNumber() == 0
+    ):
+        _log(
+            ds,
+            {
+                "batch": batch,
+                "partition": context.partitionId(),
+                "attempt": 0,
+                "outcome": "crashed-after-events",
+                "rows": planned_records(partition),
+            },
+        )
+        raise InjectedCrash(
+            f"injected crash after the events were written: batch {batch}, "
+            f"partition {context.partitionId()}, attempt 0"
+        )
+
+
+EVENT_SOURCES = (EventsSequenceDataSource,)

@@ -127,3 +127,21 @@ def test_an_enumerator_event_waits_for_a_batch_where_its_slot_has_a_task(tmp_pat
     )
     assert offset3.has_tasks(0)
     assert offset3.to_readers == {0: (Ping(6),)}  # carried over to a batch that runs slot 0
+
+
+def test_a_slot_cut_into_several_tasks_gets_its_events_in_its_first_task_only(
+    tmp_path: Path,
+) -> None:
+    from splitflow.spark.datasource import _partitions
+    from splitflow.spark.events import decode_events
+    from splitflow.spark.options import RuntimeOptions
+
+    _, source, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, ReadAll())), source)
+    tasks = _partitions(source, end2, RuntimeOptions(max_records_per_task=10))
+    slot1 = [t for t in tasks if t.slot == 1]
+    assert len(slot1) > 1
+    assert [decode_events(t.events) for t in slot1] == [[Ping(2)]] + [[]] * (len(slot1) - 1)

@@ -136,18 +136,19 @@ class SlicePartition(InputPartition):
 def _partitions(
     source: AnySource, end: BatchOffset[Any, Any], runtime: RuntimeOptions
 ) -> list[SlicePartition]:
+    """The batch's tasks. A slot's events from the enumerator go to its first task only (a
+    slot cut into several tasks by ``maxRecordsPerTask`` still gets each event once)."""
     codec = source.split_codec
-    return [
-        SlicePartition(
-            index,
-            slot,
-            end.seq,
-            codec.version,
-            [(codec.encode(s.split), s.stop) for s in slices],
-            encode_events(end.to_readers.get(slot, ())),
+    partitions = []
+    served: set[int] = set()
+    for index, (slot, slices) in enumerate(plan_partitions(end, runtime.max_records_per_task)):
+        events = () if slot in served else end.to_readers.get(slot, ())
+        served.add(slot)
+        encoded = [(codec.encode(s.split), s.stop) for s in slices]
+        partitions.append(
+            SlicePartition(index, slot, end.seq, codec.version, encoded, encode_events(events))
         )
-        for index, (slot, slices) in enumerate(plan_partitions(end, runtime.max_records_per_task))
-    ]
+    return partitions
 
 
 _SOURCES: dict[tuple[type, tuple[tuple[str, str], ...]], AnySource] = {}
