@@ -69,17 +69,25 @@ QUERY = ("count(*) AS n", "sum(id) AS s_id", "sum(value) AS s_value", "max(split
 
 
 def run(
-    spark: SparkSession, fmt: str, splits: int, rows: int, batch_rows: int
+    spark: SparkSession,
+    fmt: str,
+    splits: int,
+    rows: int,
+    batch_rows: int,
+    query: tuple[str, ...] = QUERY,
+    **options: Any,
 ) -> tuple[float, tuple[Any, ...]]:
+    """Time ``query`` over ``splits`` x ``rows`` rows of ``fmt``; extra ``options`` for it."""
     reader = (
         spark.read.format(fmt)
         .option("splits", splits)
         .option("rowsPerSplit", rows)
         .option("batchRows", batch_rows)
         .option("parallelism", splits)
+        .options(**options)
     )
     started = time.perf_counter()
-    row = reader.load().selectExpr(*QUERY).collect()[0]
+    row = reader.load().selectExpr(*query).collect()[0]
     return time.perf_counter() - started, tuple(row)
 
 
