@@ -95,3 +95,16 @@ def test_inspect_shows_each_split_s_backlog_boundary_and_distance(checkpoint: Pa
     assert rows["a"].to_boundary == 10 - (rows["a"].stop or 0)
     assert rows["c"].boundary is None  # empty at the start: no backlog
     assert "backlog to" in format_table([state])
+
+
+def test_inspect_shows_long_split_ids_whole_or_by_their_end() -> None:
+    from splitflow.inspect import SourceState, SplitRow
+
+    long_id = "/data/landing/2026/11/21/" + "x" * 50 + "/events-000057.parquet"
+    rows = [
+        SplitRow("/data/a/events-000001.parquet", "reading", 0, 0, 5),
+        SplitRow(long_id, "finished", None, None, None),
+    ]
+    table = format_table([SourceState(3, True, 0, 3, False, 1, rows)])
+    assert "/data/a/events-000001.parquet " in table
+    assert "events-000057.parquet" in table

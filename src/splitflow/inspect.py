@@ -140,6 +140,14 @@ def _source_state(
     )
 
 
+ID_WIDTH = 60
+"""Split ids longer than this are shown by their end (a path's end tells files apart)."""
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
 def format_table(states: list[SourceState]) -> str:
     out = []
     for state in states:
@@ -155,8 +163,9 @@ def format_table(states: list[SourceState]) -> str:
                 f"  {state.ledger_size} finished splits in the state directory's ledger "
                 "(--state-dir lists them)"
             )
+        width = min(ID_WIDTH, max([5, *(len(r.split_id) for r in state.splits)]))
         out.append(
-            f"  {'split':30s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} "
+            f"  {'split':{width}s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} "
             f"{'rows':>10s} {'backlog to':>12s} {'to go':>10s}"
         )
 
@@ -165,7 +174,7 @@ def format_table(states: list[SourceState]) -> str:
 
         for row in state.splits:
             out.append(
-                f"  {row.split_id:30.30s} {row.state:10s} {cell(row.owner, 4)} "
+                f"  {_fit(row.split_id, width):{width}s} {row.state:10s} {cell(row.owner, 4)} "
                 f"{cell(row.start, 12)} {cell(row.stop, 12)} {cell(row.records, 10)} "
                 f"{cell(row.boundary, 12)} {cell(row.to_boundary, 10)}"
             )

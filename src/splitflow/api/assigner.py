@@ -186,8 +186,10 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
 
         ``extent`` is what :meth:`latest_positions` says of the split now. Default: its
         latest position, so what exists when the split is first seen is its backlog.
-        Override for another rule (e.g. the end of a snapshot). A boundary at or before the
-        split's position means it has nothing to catch up.
+        Override for another rule (e.g. the end of a snapshot, or none for splits found after
+        the first discovery, :attr:`discovered`, when new splits are the live stream, as new
+        files are). A boundary at or before the split's position means it has nothing to
+        catch up.
         """
         return None if extent is None else extent.latest
 
@@ -216,6 +218,11 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def awaiting_report(self) -> Mapping[str, int]:
         """After a global restore: split id -> former owner, for splits not yet reported."""
         return dict(self._awaiting)
+
+    @property
+    def discovered(self) -> bool:
+        """Whether a discovery has completed (during the first one, still false)."""
+        return self._discovered
 
     def finished_splits(self) -> frozenset[str]:
         return frozenset(self._finished)
