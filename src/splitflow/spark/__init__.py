@@ -8,11 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.files import FilesDataSource
 from splitflow.spark.generator import GeneratorDataSource
+from splitflow.spark.kafka import KafkaDataSource
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.sequence import SequenceDataSource
 
-BUILT_IN: tuple[type[SplitflowDataSource], ...] = (SequenceDataSource, GeneratorDataSource)
+BUILT_IN: tuple[type[SplitflowDataSource], ...] = (
+    SequenceDataSource,
+    GeneratorDataSource,
+    KafkaDataSource,
+    FilesDataSource,
+)
 
 
 def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
@@ -23,7 +30,9 @@ def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
 
 __all__ = [
     "BUILT_IN",
+    "FilesDataSource",
     "GeneratorDataSource",
+    "KafkaDataSource",
     "RuntimeOptions",
     "SequenceDataSource",
     "SplitflowDataSource",

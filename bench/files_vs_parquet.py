@@ -1,0 +1,227 @@
+"""splitflow's files source vs Spark's own Parquet reader, on the same Parquet files.
+
+One directory of Parquet files (id bigint, value double, category string, flag boolean;
+row groups of 128k rows) is read by both, in one SparkSession, with the same number of
+tasks: Spark's reader gets ``spark.sql.files.maxPartitionBytes`` set so that it plans
+about ``--tasks`` partitions, and splitflow gets as many reader slots and the same cut
+(``maxSplitBytes`` = ``maxPartitionBytes``). The query is a
+full-scan aggregate over every column (``count, sum(id), sum(value), max(category),
+sum(flag)``), so every value is decoded and handed to Spark. Both are warmed up, runs
+alternate (splitflow, Spark, splitflow, ...) and the score is the median of per-pair
+throughput ratios. Results must be equal or the run stops.
+
+To say where the time goes, the script also times (not in the score) a minimal Python data
+source that yields the same Arrow batches from the same files with the same tasks (the cost
+of any Python source: the Arrow hand-over to the JVM), and the decode alone in this process
+(pyarrow reading and conforming the files, no Spark).
+
+    python bench/files_vs_parquet.py            # 8 files x 1.25M rows, 5 pairs
+    python bench/files_vs_parquet.py --quick    # 8 files x 250k rows, 3 pairs (< 1 minute)
+
+Last line: ``RESULT ratio_vs_spark_parquet=<splitflow rows/s / Spark rows/s> target=>=0.9``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from splitflow.connectors.files.formats import conform
+from splitflow.spark import register
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("value", pa.float64()),
+        ("category", pa.string()),
+        ("flag", pa.bool_()),
+    ]
+)
+QUERY = (
+    "count(*) AS n",
+    "sum(id) AS s_id",
+    "round(sum(value), 3) AS s_value",
+    "max(category) AS m_cat",
+    "sum(cast(flag AS int)) AS s_flag",
+)
+
+
+def write_files(directory: str, files: int, rows: int) -> int:
+    """``files`` Parquet files of ``rows`` rows; returns their total size in bytes."""
+    rng = np.random.default_rng(7)
+    categories = np.array([f"category-{i:03d}" for i in range(200)])
+    total = 0
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows, dtype=np.int64)
+        table = pa.table(
+            {
+                "id": ids,
+                "value": rng.random(rows),
+                "category": categories[rng.integers(0, len(categories), rows)],
+                "flag": rng.random(rows) < 0.5,
+            },
+            schema=SCHEMA,
+        )
+        path = os.path.join(directory, f"part-{f:04d}.parquet")
+        pq.write_table(table, path, row_group_size=128 * 1024)
+        total += os.path.getsize(path)
+    return total
+
+
+class _MinimalParquetReader(DataSourceReader):
+    def __init__(self, files: list[str], tasks: int) -> None:
+        self.files, self.tasks = files, tasks
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(self.files[i :: self.tasks]) for i in range(self.tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        for path in partition.value:
+            pf = pq.ParquetFile(path)
+            for index in range(pf.num_row_groups):
+                yield from conform(pf.read_row_group(index), SCHEMA, path, 0)
+
+
+class MinimalParquetSource(DataSource):
+    """Diagnostic baseline: the least Python data source yielding the same Arrow batches."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "minimal-parquet"
+
+    def schema(self) -> str:
+        return "id bigint, value double, category string, flag boolean"
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        directory = self.options["path"]
+        files = sorted(os.path.join(directory, n) for n in os.listdir(directory))
+        return _MinimalParquetReader(files, int(self.options["tasks"]))
+
+
+def spark_parquet(spark: SparkSession, directory: str) -> Any:
+    return spark.read.parquet(directory)
+
+
+def splitflow_files(spark: SparkSession, directory: str, tasks: int, split_bytes: int) -> Any:
+    return (
+        spark.read.format("splitflow-files")
+        .option("path", directory)
+        .option("format", "parquet")
+        .option("parallelism", tasks)
+        .option("maxSplitBytes", split_bytes)  # files cut as Spark cuts them
+        .load()
+    )
+
+
+def timed(frame: Any) -> tuple[float, tuple[Any, ...]]:
+    started = time.perf_counter()
+    row = frame.selectExpr(*QUERY).collect()[0]
+    return time.perf_counter() - started, tuple(row)
+
+
+def decode_only(directory: str) -> float:
+    """Seconds for pyarrow to read and conform every row group here (one thread)."""
+    started = time.perf_counter()
+    for name in sorted(os.listdir(directory)):
+        pf = pq.ParquetFile(os.path.join(directory, name))
+        for index in range(pf.num_row_groups):
+            conform(pf.read_row_group(index), SCHEMA, name, 0)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tasks", type=int, default=4, help="Spark's Parquet partitions")
+    args = parser.parse_args()
+    files, rows, pairs = (8, 250_000, 3) if args.quick else (8, 1_250_000, 5)
+    total_rows = files * rows
+    directory = tempfile.mkdtemp(prefix="files_vs_parquet-")
+    try:
+        size = write_files(directory, files, rows)
+        split_bytes = size // args.tasks + 1
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            # the same number of tasks for both readers
+            .config("spark.sql.files.maxPartitionBytes", str(split_bytes))
+            .config("spark.sql.files.openCostInBytes", "0")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        spark.dataSource.register(MinimalParquetSource)
+        theirs_frame = spark_parquet(spark, directory)
+        tasks = theirs_frame.rdd.getNumPartitions()  # splitflow gets as many tasks
+        ours_frame = splitflow_files(spark, directory, tasks, split_bytes)
+        minimal_frame = (
+            spark.read.format("minimal-parquet").option("path", directory).option("tasks", tasks)
+        ).load()
+        parts = (tasks, ours_frame.rdd.getNumPartitions())
+        print(
+            f"files_vs_parquet: {files} files x {rows:,} rows = {total_rows:,} rows, "
+            f"{size / 1e6:.1f} MB, tasks spark/splitflow = {parts[0]}/{parts[1]}, {pairs} pairs, "
+            "local[2]"
+        )
+        for _ in range(2):  # warm up both: JVM, Python workers, file cache
+            timed(ours_frame)
+            timed(theirs_frame)
+        timed(minimal_frame)
+        ratios, ours, theirs, minimal = [], [], [], []
+        for i in range(pairs):
+            t_ours, r_ours = timed(ours_frame)
+            t_theirs, r_theirs = timed(theirs_frame)
+            t_min, r_min = timed(minimal_frame)
+            if not r_ours == r_theirs == r_min:
+                raise SystemExit(f"results differ: splitflow {r_ours}, Spark {r_theirs}, {r_min}")
+            minimal.append(total_rows / t_min)
+            ours.append(total_rows / t_ours)
+            theirs.append(total_rows / t_theirs)
+            ratios.append(t_theirs / t_ours)
+            print(
+                f"pair {i}: splitflow {total_rows / t_ours / 1e6:6.2f} M rows/s   "
+                f"spark.read.parquet {total_rows / t_theirs / 1e6:6.2f} M rows/s   "
+                f"ratio {t_theirs / t_ours:.3f}"
+            )
+        ratio = statistics.median(ratios)
+        decode = decode_only(directory)
+        print(
+            f"median: splitflow {statistics.median(ours) / 1e6:.2f} M rows/s, "
+            f"spark.read.parquet {statistics.median(theirs) / 1e6:.2f} M rows/s"
+        )
+        print(
+            f"minimal Python Parquet source (same batches, no splitflow): "
+            f"{statistics.median(minimal) / 1e6:.2f} M rows/s"
+        )
+        print(
+            f"decode alone (pyarrow read + conform, 1 thread, no Spark): "
+            f"{total_rows / decode / 1e6:.2f} M rows/s"
+        )
+        spark.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if ratio < 0.9:
+        print(f"MISS: ratio {ratio:.3f} is below the target 0.9")
+    print(f"RESULT ratio_vs_spark_parquet={ratio:.3f} target=>=0.9")
+
+
+if __name__ == "__main__":
+    main()
