@@ -1,110 +1,229 @@
-"""An in-process demo of the coordinator: assignment, discovery, failover, rescale, exactly-once.
+"""The main job (``python -m splitflow demo``, the README's ``make run``).
 
-Runs the deterministic harness over a generated sequence source and prints what the
-enumerator does at each step. Every record is counted at the end: the run fails loudly if
-one was lost or read twice. (The Spark runtime will replace this as the main job.)
+On one machine, in one command: a local Spark session; a producer thread writing a
+continuous stream of event files into ``<work>/landing`` (with a backlog of files waiting
+before the query starts); and a streaming query that reads them with the splitflow files
+source, counts events in event-time windows with a watermark and appends the closed
+windows to Parquet in ``<work>/output``. A live view shows batches, rows per second, each
+reader slot's load, the most lagging splits and the backlog flag (plain lines when the
+output is not a terminal).
+
+It stops cleanly on Ctrl-C (or SIGTERM) or after ``--duration`` seconds, prints where the
+output and the checkpoint are, and a second run with the same ``--work-dir`` resumes from
+the checkpoint: the producer goes on where it stopped and no window is written twice.
+
+The work directory defaults to ``./splitflow-demo`` (in the current directory, so that it
+is easy to find, inspect and resume; delete it to start afresh)::
+
+    splitflow-demo/
+      landing/          event files (events-000001.parquet, ...)
+      output/           windowed counts, Parquet (read it with Spark or pyarrow)
+      checkpoint/       the query's Spark checkpoint (offsets, commits, state)
+      source-state/     the splitflow source's state directory (stateDir)
+      producer.json     where the producer stopped
 """
 
 from __future__ import annotations
 
+import argparse
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
-from splitflow.api.assigner import AssignerState
-from splitflow.api.assignment import BalancedAssignment, HashAssignment
-from splitflow.testing import SequenceCatalog, SequenceSource, SourceHarness, count_duplicates
-from splitflow.testing.sequence import SequenceRecord, SequenceSplit
+from splitflow.job.live import JobView, plain_line, render
+from splitflow.job.pipeline import (
+    Layout,
+    OutputCounter,
+    PipelineSettings,
+    batch_watermark_ms,
+    last_committed_batch,
+    start_query,
+    start_session,
+    stop_between_batches,
+)
+from splitflow.job.producer import Producer
 
-Harness = SourceHarness[SequenceRecord, SequenceSplit, AssignerState[SequenceSplit]]
+DEFAULT_WORK_DIR = "splitflow-demo"
 
 
-def _table(title: str, harness: Harness) -> str:
-    lines = [title]
-    for reader, splits in harness.reader_splits().items():
-        names = " ".join(sorted(s.split_id for s in splits))
-        lines.append(f"  reader {reader}: {len(splits):2d} splits  {names}")
-    return "\n".join(lines)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--work-dir",
+        default=DEFAULT_WORK_DIR,
+        help=f"landing, output, checkpoint and state live here (default ./{DEFAULT_WORK_DIR})",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: Ctrl-C)",
+    )
+    parser.add_argument("--rate", type=float, default=2000.0, help="events per second (2000)")
+    parser.add_argument("--devices", type=int, default=4, help="event streams, skewed (4)")
+    parser.add_argument(
+        "--backlog", type=float, default=30.0, help="seconds of events waiting at start (30)"
+    )
+    parser.add_argument(
+        "--file-interval", type=float, default=1.0, help="seconds of events per file (1)"
+    )
+    parser.add_argument("--format", choices=("parquet", "json"), default="parquet")
+    parser.add_argument("--window", default="5 seconds", help="event-time window ('5 seconds')")
+    parser.add_argument("--watermark", default="5 seconds", help="allowed lateness ('5 seconds')")
+    parser.add_argument("--trigger", default="2 seconds", help="micro-batch interval ('2 seconds')")
+    parser.add_argument("--parallelism", type=int, default=2, help="reader slots (2)")
+    parser.add_argument(
+        "--source",
+        choices=("splitflow-files", "spark-files"),
+        default="splitflow-files",
+        help="read the landing directory with splitflow (default) or Spark's file source",
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="plain progress lines even on a terminal"
+    )
 
 
-def _many_small_topics(strategy_name: str) -> dict[int, int]:
-    """FLINK-31762: 20 topics of 3 partitions over 8 readers; partitions per reader."""
-    splits = [SequenceSplit(f"topic{t:02d}-{p}") for t in range(20) for p in range(3)]
-    loads = dict.fromkeys(range(8), 0.0)
-    if strategy_name == "hash":
-        hashed = HashAssignment[SequenceSplit](
-            key=lambda s: (s.name.rsplit("-", 1)[0], int(s.name.rsplit("-", 1)[1]))
+class _StopSignal:
+    """Ctrl-C and SIGTERM ask for a clean stop; a second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.reason = ""
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.reason = signal.Signals(signum).name
+        self.requested.set()
+
+
+def run(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
+    """Run the main job until a signal or ``args.duration``; returns the exit code."""
+    layout = Layout(Path(args.work_dir).resolve())
+    resumed = (layout.checkpoint / "offsets").is_dir()
+    settings = PipelineSettings(
+        window=args.window,
+        watermark=args.watermark,
+        trigger=args.trigger,
+        parallelism=args.parallelism,
+        file_format=args.format,
+        source=args.source,
+    )
+    producer = Producer(
+        layout.work,
+        rate=args.rate,
+        splits=args.devices,
+        interval=args.file_interval,
+        backlog=args.backlog,
+        file_format=args.format,
+    )
+    echo(f"splitflow main job in {layout.work} ({'resuming' if resumed else 'fresh start'})")
+    backlog = producer.write_backlog()
+    echo(f"producer run {producer.stats.run}: {backlog} files waiting in {layout.landing}")
+    echo("starting Spark (local[2]) ...")
+    spark = start_session()
+    stop = _StopSignal()
+    stop.install()  # after the session: SparkContext installs a SIGINT handler of its own
+    failure: str | None = None
+    try:
+        query = start_query(spark, layout, settings)
+        producer.start()
+        title = (
+            f"splitflow main job: files -> {settings.window} windows "
+            f"(watermark {settings.watermark}) -> parquet"
         )
-        result = hashed.assign(splits, loads)
+        view = JobView(title, producer=producer.stats)
+        live = sys.stdout.isatty() and not args.plain
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        failure = _follow(query, view, OutputCounter(layout.output), stop, deadline, live, echo)
+        if not stop.requested.is_set():
+            stop.reason = "the duration passed" if failure is None else "the query failed"
+    finally:
+        producer.stop()
+        for active in spark.streams.active:
+            active.stop()
+        spark.stop()
+        stop.restore()
+    echo(f"stopped ({stop.reason})")
+    _report(layout, producer, echo)
+    if producer.stats.error is not None:
+        echo(f"the producer failed: {producer.stats.error}")
+    if failure is not None:
+        echo(f"the query failed: {failure}")
+    return 0 if failure is None and producer.stats.error is None else 1
+
+
+def _follow(
+    query: Any,
+    view: JobView,
+    output: OutputCounter,
+    stop: _StopSignal,
+    deadline: float | None,
+    live: bool,
+    echo: Callable[[str], None],
+) -> str | None:
+    """Show progress until a stop is asked for, the deadline, or the query ends."""
+
+    def done() -> bool:
+        over = deadline is not None and time.monotonic() >= deadline
+        return stop.requested.is_set() or over or not query.isActive
+
+    def refresh() -> list[Any]:
+        new = view.update(query.recentProgress)
+        view.windows = output.count()[0]
+        return new
+
+    if live:
+        from rich.live import Live
+
+        with Live(render(view), refresh_per_second=2, transient=False) as display:
+            while not done():
+                refresh()
+                display.update(render(view))
+                stop.requested.wait(0.5)
     else:
-        result = BalancedAssignment[SequenceSplit]().assign(splits, loads)
-    return {r: len(result.get(r, [])) for r in range(8)}
+        while not done():
+            for progress in refresh():
+                if progress.get("numInputRows"):
+                    echo(plain_line(view, progress))
+            stop.requested.wait(0.5)
+    stop_between_batches(query)
+    error = query.exception()
+    return None if error is None else str(error).splitlines()[0]
 
 
-def run(echo: Callable[[str], None] = print) -> int:
-    """Run the demo; returns the number of records read exactly once."""
-    catalog = SequenceCatalog({f"part-{i:02d}": 50 + 25 * (i % 4) for i in range(12)})
-    source = SequenceSource(catalog, discovery_interval=5.0, fetch_size=20)
-    harness: Harness = SourceHarness(source, 4)
-    harness.settle()
-    echo(_table("1. 12 splits discovered, balanced over 4 readers:", harness))
-
-    for reader in harness.slots:
-        harness.poll(reader, max_polls=2)
-    checkpoint = harness.checkpoint()
-    harness.complete(checkpoint)
-    echo(f"2. readers read {len(harness.committed())} records; checkpoint {checkpoint} completed")
-
-    for i in range(12, 16):
-        catalog.add(f"part-{i:02d}", 40)
-    harness.advance(5.0)
-    echo(_table("3. 4 new splits found by periodic discovery, given to the least loaded:", harness))
-
-    before = {r: {s.split_id for s in ss} for r, ss in harness.reader_splits().items()}
-    harness.poll(2, max_polls=3)
-    harness.fail_reader(2)
-    after = {r: {s.split_id for s in ss} for r, ss in harness.reader_splits().items()}
-    kept = all(after[r] == before[r] for r in before if r != 2)
-    echo(
-        _table(
-            "4. reader 2 failed and restarted from the checkpoint (others untouched: "
-            f"{'yes' if kept else 'NO'}):",
-            harness,
+def _report(layout: Layout, producer: Producer, echo: Callable[[str], None]) -> None:
+    windows, files = OutputCounter(layout.output).count()
+    batch = last_committed_batch(layout.checkpoint)
+    stats = producer.stats
+    echo(f"produced:   {stats.files} files, {stats.rows:,} events in {layout.landing}")
+    echo(f"output:     {layout.output} ({windows} closed windows in {files} committed files)")
+    if batch is not None:
+        mark = datetime.fromtimestamp(batch_watermark_ms(layout.checkpoint, batch) / 1000, UTC)
+        echo(
+            f"checkpoint: {layout.checkpoint} (last committed batch {batch}, "
+            f"watermark {mark:%Y-%m-%d %H:%M:%S} UTC)"
         )
-    )
+    else:
+        echo(f"checkpoint: {layout.checkpoint} (no batch committed yet)")
+    echo(f"inspect:    python -m splitflow inspect {layout.checkpoint} --state-dir {layout.state}")
+    echo(f"resume:     python -m splitflow demo --work-dir {layout.work}")
 
-    harness.complete(harness.checkpoint())
-    owner_before = {s.split_id: r for r, ss in harness.reader_splits().items() for s in ss}
-    harness.restore(parallelism=6)
-    moved = sum(
-        1
-        for r, ss in harness.reader_splits().items()
-        for s in ss
-        if owner_before.get(s.split_id) != r
-    )
-    echo(
-        _table(
-            f"5. restored with 6 readers: {moved} of {len(owner_before)} splits moved "
-            "(the fewest that balance 6 readers):",
-            harness,
-        )
-    )
 
-    harness.advance(5.0)
-    harness.read_available()
-    harness.complete(harness.checkpoint())
-    committed = harness.committed()
-    harness.close()
-    duplicates = count_duplicates(committed)
-    expected = catalog.records()
-    if duplicates or sorted(committed) != expected:
-        raise SystemExit(
-            f"EXACTLY-ONCE VIOLATED: {len(committed)} committed, {len(expected)} expected, "
-            f"{len(duplicates)} duplicated"
-        )
-    echo(f"6. all {len(expected)} records committed exactly once across failover and rescale")
-
-    echo("7. FLINK-31762, 20 topics x 3 partitions over 8 readers (partitions per reader):")
-    for name in ("hash", "balanced"):
-        loads = _many_small_topics(name)
-        spread = max(loads.values()) - min(loads.values())
-        echo(f"  {name:8s} {list(loads.values())}  spread {spread}")
-    return len(expected)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m splitflow demo", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
