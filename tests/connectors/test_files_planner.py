@@ -218,12 +218,6 @@ def test_a_restart_never_reads_a_finished_file_again(tmp_path: Path) -> None:
     assert second.rows() == every_row({"b.json": 2})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the planner fixes AvailableNow targets from latest_positions, which hold "
-    "back files not yet admitted by maxFilesPerBatch, so those files are left for the next "
-    "run (needs a SplitExtent field for 'exists' vs 'admitted'; see docs/files.md)",
-)
 def test_available_now_reads_every_file_across_batches_with_max_files(tmp_path: Path) -> None:
     counts = {f"f{i}.json": 2 for i in range(3)}
     for i, name in enumerate(counts):
@@ -233,3 +227,29 @@ def test_available_now_reads_every_file_across_batches_with_max_files(tmp_path: 
     driver.run(6)
     driver.close()
     assert driver.rows() == every_row(counts)
+
+
+def test_files_found_when_a_run_starts_are_backlog_and_files_that_appear_later_are_live(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "old-1.json", 3)
+    write(tmp_path, "old-2.json", 3)
+    driver = Driver(source(tmp_path))
+    assert driver.planner.in_backlog  # two files waited when the query started
+    driver.batch()
+    driver.batch()  # the batch after the one that read them: their boundaries are reached
+    assert not driver.planner.in_backlog
+    write(tmp_path, "new.json", 2)  # the live stream
+    driver.batch()
+    assert driver.batches[-1] == [("new.json", 0), ("new.json", 1)]
+    assert not BatchOffset.decode(driver.offset, driver.source).backlog
+    offset = driver.offset
+    driver.close()
+
+    write(tmp_path, "while-down.json", 4)  # piled up while the query was down: backlog
+    restarted = Driver(source(tmp_path))
+    restarted.offset = offset
+    restarted.batch()
+    assert restarted.batches[-1] == [("while-down.json", i) for i in range(4)]
+    assert BatchOffset.decode(restarted.offset, restarted.source).backlog
+    restarted.close()

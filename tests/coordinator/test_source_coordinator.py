@@ -646,6 +646,18 @@ def test_call_async_runs_the_callable_once_and_hands_its_result_to_the_handler()
     assert h.scheduler.pending_timers == 0
 
 
+@pytest.mark.parametrize("period", [0, 0.0, -1.0])
+def test_call_async_with_a_period_not_above_zero_fails_the_source_naming_it(
+    period: float,
+) -> None:
+    probe = AsyncProbe(lambda: 1, period=period)
+    h = make_harness(probe.source, parallelism=1, start=False)
+    probe.harness = h
+    error = h.fail(h.coordinator.start())
+    assert isinstance(error.__cause__, ContractViolation)
+    assert "period must be above 0" in str(error.__cause__)
+
+
 def test_call_async_hands_the_callables_exception_to_the_handler_without_failing() -> None:
     boom = Boom("cannot list")
 

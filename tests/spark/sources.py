@@ -38,12 +38,12 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from splitflow.api.assigner import AssignerState, AssignerStateCodec
 from splitflow.api.enumerator import SplitEnumeratorContext
 from splitflow.api.events import SourceEvent
+from splitflow.api.options import parse_duration
 from splitflow.api.reader import InputStatus, SourceReaderContext
 from splitflow.api.split import Codec, LedgerCodec, SplitState
 from splitflow.errors import ConfigurationError
 from splitflow.reader import PositionedEmitter, SourceReaderBase
 from splitflow.spark.datasource import SlicePartition, SplitflowStreamReader, read_partition
-from splitflow.spark.options import parse_duration
 from splitflow.spark.sequence import SequenceDataSource
 from splitflow.testing.sequence import (
     SequenceEnumerator,

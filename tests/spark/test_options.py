@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from splitflow.api.options import parse_duration
 from splitflow.errors import ConfigurationError, SplitflowError
 from splitflow.spark import options as options_module
-from splitflow.spark.options import RuntimeOptions, parse_duration
+from splitflow.spark.options import RuntimeOptions
 
 WHOLE_NUMBER_OPTIONS = [
     "parallelism",

@@ -165,6 +165,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._removed: set[str] = set()  # removed upstream in this run: reports are stale
         self._backlog: dict[str, int] = dict(state.backlog)  # split id -> boundary
         self._backlog_held = state.backlog_held
+        self._listed = False  # a discovery completed in this run
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -181,15 +182,17 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         """Discovery raised ``error``. Default: fail the source with a ConnectorError."""
         raise ConnectorError(f"split discovery failed in {type(self).__name__}: {error}") from error
 
-    def backlog_boundary(self, split: SplitT, extent: SplitExtent | None) -> int | None:
+    def backlog_boundary(
+        self, split: SplitT, extent: SplitExtent | None, at_start: bool
+    ) -> int | None:
         """The backlog boundary of a split seen for the first time (``None``: no backlog).
 
-        ``extent`` is what :meth:`latest_positions` says of the split now. Default: its
-        latest position, so what exists when the split is first seen is its backlog.
-        Override for another rule (e.g. the end of a snapshot, or none for splits found after
-        the first discovery, :attr:`discovered`, when new splits are the live stream, as new
-        files are). A boundary at or before the split's position means it has nothing to
-        catch up.
+        ``extent`` is what :meth:`latest_positions` says of the split now; ``at_start``
+        whether the first discovery of this run (a fresh start or a restart) found it.
+        Default: its latest position, so what exists when the split is first seen is its
+        backlog. Override for another rule: the end of a snapshot, or no boundary for splits
+        found later in the run when new splits are the live stream (new files are). A
+        boundary at or before the split's position means it has nothing to catch up.
         """
         return None if extent is None else extent.latest
 
@@ -366,9 +369,10 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             s for sid, s in current.items() if sid not in known_open and sid not in self._finished
         ]
         extents = self.latest_positions(new) if new else {}
+        at_start, self._listed = not self._listed, True
         for split in new:
             self._unassigned[split.split_id] = split
-            boundary = self.backlog_boundary(split, extents.get(split.split_id))
+            boundary = self.backlog_boundary(split, extents.get(split.split_id), at_start)
             if boundary is not None and boundary > split.position:
                 self._backlog[split.split_id] = boundary
         self._discovered = True

@@ -47,12 +47,21 @@ class SplitExtent:
     will ever follow ``latest`` (the end of a file, the stopping offset of a bounded read):
     a reader that reaches it has finished the split. ``bytes_per_position``, when the source
     can estimate it, is the size of what one position holds (a row's bytes; ``1.0`` where
-    positions are byte offsets): what ``maxBytesPerBatch`` plans with.
+    positions are byte offsets): what ``maxBytesPerBatch`` plans with. ``available``, when
+    the source holds part of a split back (admission control: a file waiting for its turn
+    under ``maxFilesPerBatch``), is how far the split exists; ``latest`` how far it may be
+    read now. ``trigger(availableNow=True)`` reads up to ``available`` (default: ``latest``).
     """
 
     latest: int
     final: bool = False
     bytes_per_position: float | None = None
+    available: int | None = None
+
+    @property
+    def exists_to(self) -> int:
+        """How far the split exists now (``available``, else ``latest``)."""
+        return self.latest if self.available is None else self.available
 
 
 class Cancellable(Protocol):

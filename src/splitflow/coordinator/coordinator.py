@@ -159,6 +159,11 @@ class CoordinatorContext(Generic[SplitT]):
         initial_delay: float = 0.0,
         period: float | None = None,
     ) -> Cancellable:
+        if period is not None and not period > 0:
+            raise ContractViolation(
+                f"call_async: period must be above 0 seconds, got {period!r} (a call that "
+                "repeats at once would never let the coordinator do anything else)"
+            )
         scheduler = self._coordinator.scheduler
         call = _PeriodicCall()
 

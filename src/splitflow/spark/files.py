@@ -24,10 +24,10 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+from splitflow.api.options import parse_bytes, parse_duration, parse_flag, parse_positive_int
 from splitflow.connectors.files import CsvOptions, FilesSource, default_format
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import parse_bytes, parse_duration, parse_positive_int
 
 _RESOLVED_SCHEMA = "splitflow.files.schema"
 """Option key under which the query's schema (Spark JSON) travels to executors."""
@@ -83,12 +83,7 @@ class FilesDataSource(SplitflowDataSource):
         return None
 
     def _flag(self, option: str, default: bool) -> bool:
-        value = str(self.options.get(option.lower(), str(default))).strip().lower()
-        if value not in ("true", "false"):
-            raise ConfigurationError(
-                f"option {option}: {value!r} is not true or false", option=option
-            )
-        return value == "true"
+        return parse_flag(option, self.options.get(option.lower()), default)
 
     def _whole(self, *names: str) -> int | None:
         found = self._text(*names)

@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+from splitflow.api.options import parse_positive_int
 from splitflow.connectors.generator import SPARK_SCHEMA, GeneratorSource
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import parse_positive_int
 
 
 def _parse_time(text: str) -> float:

@@ -15,13 +15,13 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
+from splitflow.api.options import parse_positive_int
 from splitflow.connectors.kafka.broker import check_client_config
 from splitflow.connectors.kafka.options import KafkaOptions
 from splitflow.connectors.kafka.reader import SPARK_HEADERS, SPARK_SCHEMA
 from splitflow.connectors.kafka.source import KafkaSource
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import parse_positive_int
 
 
 class KafkaDataSource(SplitflowDataSource):

@@ -439,7 +439,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         """Fix the target: what exists now is read, nothing that appears later."""
         self._ensure(None)
         self._pump()
-        self._target = {sid: extent.latest for sid, extent in self._extents().items()}
+        self._target = {sid: extent.exists_to for sid, extent in self._extents().items()}
 
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
+from splitflow.api.options import parse_bytes, parse_duration, parse_flag, parse_positive_int
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 
@@ -27,14 +27,6 @@ class SequenceDataSource(SplitflowDataSource):
     def schema(self) -> str:
         return "split string, position bigint"
 
-    def _flag(self, option: str, default: str) -> bool:
-        value = self.options.get(option.lower(), default).strip().lower()
-        if value not in ("true", "false"):
-            raise ConfigurationError(
-                f"option {option}: {value!r} is not true or false", option=option
-            )
-        return value == "true"
-
     def create_source(self) -> SequenceSource:
         path = self.options.get("catalog")
         if not path:
@@ -44,8 +36,8 @@ class SequenceDataSource(SplitflowDataSource):
             )
         if not os.path.isfile(path):
             raise ConfigurationError(f"option catalog: no file at {path!r}", option="catalog")
-        bounded = self._flag("bounded", "false")
-        fail_on_data_loss = self._flag("failOnDataLoss", "true")
+        bounded = parse_flag("bounded", self.options.get("bounded"), False)
+        fail_on_data_loss = parse_flag("failOnDataLoss", self.options.get("failondataloss"), True)
         interval = self.options.get("discoveryinterval")
         fetch = self.options.get("fetchsize")
         record_bytes = self.options.get("recordbytes")

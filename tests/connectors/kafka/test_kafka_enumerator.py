@@ -158,6 +158,30 @@ def test_first_start_uses_the_starting_offsets_and_later_partitions_start_at_ear
     harness.close()
 
 
+def test_backlog_boundaries_are_end_offsets_at_first_sight_and_survive_a_restore() -> None:
+    cluster = FakeCluster({"t": [(0, 10), (4, 9)]})
+    harness = SourceHarness(
+        source(cluster, subscribe="t", startingOffsets="earliest", discoveryInterval="1s"), 2
+    )
+    harness.settle()
+
+    def boundaries() -> dict[str, int]:
+        future = harness.coordinator.run(lambda e: dict(e.backlog_boundaries()))
+        harness.settle()
+        return future.result()
+
+    assert boundaries() == {"t-0": 10, "t-1": 9}
+    assert harness.coordinator.context.is_processing_backlog
+    cluster.logs["t"][0] = (0, 25)  # records after first sight are live, not backlog
+    cluster.logs["t"].append((0, 4))  # a partition added later: its records so far are
+    harness.advance(1.0)
+    assert boundaries() == {"t-0": 10, "t-1": 9, "t-2": 4}
+    harness.complete(harness.checkpoint())
+    harness.restore(3)
+    assert boundaries() == {"t-0": 10, "t-1": 9, "t-2": 4}
+    harness.close()
+
+
 def test_a_restored_enumerator_starts_new_partitions_at_earliest_not_at_the_option() -> None:
     cluster = FakeCluster({"t": [(0, 10)]})
     harness = SourceHarness(source(cluster, subscribe="t", startingOffsets="latest"), 1)

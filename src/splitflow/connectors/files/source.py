@@ -254,17 +254,24 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
                 if split.split_id not in result:
                     final = split.split_id in self._skipped  # too old: finished unread
                     result[split.split_id] = SplitExtent(
-                        split.position, final=final, bytes_per_position=1.0
+                        split.position,
+                        final=final,
+                        bytes_per_position=1.0,
+                        available=None if final else split.end,  # waits for admission
                     )
         return result
 
     def _fresh_files(self) -> int:
         return len({self._path_of.get(sid, sid) for sid in self._fresh})
 
-    def backlog_boundary(self, split: FileSplit, extent: SplitExtent | None) -> int | None:
-        """A file is backlog from the moment it is discovered until it is read (FLIP-309),
-        admitted or still waiting for admission."""
-        return split.end
+    def backlog_boundary(
+        self, split: FileSplit, extent: SplitExtent | None, at_start: bool
+    ) -> int | None:
+        """Files found when a run starts are backlog until read (FLIP-309), admitted or still
+        waiting for admission: they piled up before the query (re)started. Files that
+        appear while it runs are the live stream; a pile of them re-enters backlog through
+        ``backlogLagThreshold``."""
+        return split.end if at_start else None
 
     def _vanished_extent(self, split: FileSplit) -> SplitExtent:
         if split.position < split.end:  # else: it was read before it vanished

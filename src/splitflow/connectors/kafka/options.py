@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from splitflow.api.options import parse_duration, parse_flag
 from splitflow.errors import ConfigurationError
 
 EARLIEST = -2
@@ -180,8 +181,8 @@ class KafkaOptions:
                 batch=batch,
             ),
             end=None if end_text is None else _end_spec(end_text),
-            fail_on_data_loss=_flag("failOnDataLoss", get("failOnDataLoss"), True),
-            include_headers=_flag("includeHeaders", get("includeHeaders"), False),
+            fail_on_data_loss=parse_flag("failOnDataLoss", get("failOnDataLoss"), True),
+            include_headers=parse_flag("includeHeaders", get("includeHeaders"), False),
             discovery_interval=(
                 None
                 if batch
@@ -208,29 +209,6 @@ class KafkaOptions:
         kind, value = self.subscription
         shown = value.pattern if kind == "subscribePattern" else value
         return f"KafkaOptions({kind}={shown!r}, client={self.client!r})"
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(option: str, text: str) -> float:
-    """Seconds in ``text`` (``500ms``, ``30s``, ``15m``, ``1h``; a bare number is seconds)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ConfigurationError(
-            f"option {option}: {text!r} is not a duration (examples: 500ms, 30s, 15m, 1h)",
-            option=option,
-        )
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
-def _flag(option: str, text: str | None, default: bool) -> bool:
-    if text is None:
-        return default
-    if text.lower() not in ("true", "false"):
-        raise ConfigurationError(f"option {option}: {text!r} is not true or false", option=option)
-    return text.lower() == "true"
 
 
 def _choice(option: str, text: str | None, allowed: tuple[str, ...]) -> Any:

@@ -155,9 +155,6 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
         self._source = source
         self._options = source.options
         self._broker: Broker | None = None
-        # Read by discover_splits on a worker thread, written by the handler that runs after
-        # it on the coordinator thread: discoveries never overlap their handlers.
-        self._first_discovery = state is None or not state.discovered
         self._warned_backwards: set[str] = set()
 
     @property
@@ -166,17 +163,11 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
             self._broker = self._source.make_broker()
         return self._broker
 
-    def start(self) -> None:
-        self.context.call_async(
-            self.discover_splits, self._on_discovery, period=self.discovery_interval
-        )
-
-    def _on_discovery(
-        self, splits: Sequence[KafkaSplit] | None, error: BaseException | None
-    ) -> None:
-        self._handle_discovery(splits, error)
-        if error is None:
-            self._first_discovery = False
+    def backlog_boundary(
+        self, split: KafkaSplit, extent: SplitExtent | None, at_start: bool
+    ) -> int | None:
+        """A partition's backlog boundary is its end offset when first seen (FLIP-309)."""
+        return split.first_end
 
     def on_discovery_error(self, error: BaseException) -> None:
         if isinstance(error, ConfigurationError | ConnectorError):
@@ -194,7 +185,9 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
             if kind != "assign" or p in chosen[topic]
         )
         ends = self.broker.offsets(dict.fromkeys(partitions, "latest"))
-        if self._first_discovery:
+        # ``discovered`` turns true in the handler of the first successful discovery, on the
+        # coordinator thread; discoveries never overlap their handlers.
+        if not self.discovered:
             starts = resolve_starting_offsets(partitions, options.start, self.broker)
         else:  # partitions and topics found later start at their earliest offset
             starts = {
