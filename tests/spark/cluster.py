@@ -289,3 +289,63 @@ def standalone_cluster(
                 daemon.process.wait(timeout=30)
             if left:
                 raise ClusterError(f"processes of the cluster survived SIGKILL: {left}")
+
+
+class ScriptDriver:
+    """``python SCRIPT CONFIG.json`` as a Spark driver in a process group (and a working
+    folder) of its own, run ``run`` of a test: tests kill it and start the next run."""
+
+    def __init__(self, script: str, tmp: Path, run: int, config: Mapping[str, object]) -> None:
+        self.run = run
+        self.folder = tmp / f"driver-{run}"  # its working folder, and its children's
+        self.folder.mkdir()
+        self.log = tmp / f"driver-{run}.log"
+        config_file = tmp / f"driver-{run}.json"
+        config_file.write_text(json.dumps(config))
+        repo = Path(__file__).resolve().parents[2]
+        env = daemon_env(tmp, {"PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo)])})
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, script, str(config_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.folder,
+                start_new_session=True,
+            )
+
+    def check_alive(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(
+                f"driver {self.run} exited with {self.process.returncode}\n{self.tail()}"
+            )
+        return True
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- {self.log}:\n" + "\n".join(text)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (driver, its JVM, the streaming runner), then reap.
+
+        PySpark's Python worker daemon leaves the group (``setpgid``); it exits when its
+        JVM's pipe closes, and :func:`stop_processes` makes sure of it.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        left = stop_processes([self.process.pid], self.folder)
+        assert not left, f"driver {self.run} left processes behind: {left}"
+
+
+@contextlib.contextmanager
+def script_driver(
+    script: str, tmp: Path, run: int, config: Mapping[str, object]
+) -> Iterator[ScriptDriver]:
+    """A :class:`ScriptDriver` that is killed whatever happens in the block."""
+    process = ScriptDriver(script, tmp, run, config)
+    try:
+        yield process
+    finally:
+        process.kill()

@@ -28,12 +28,9 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +39,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from tests.spark.cluster import QUICK_JVM, daemon_env, standalone_cluster, stop_processes
+from tests.spark.cluster import QUICK_JVM, script_driver, standalone_cluster
 from tests.spark.sources import (
     EVENT_SOURCES,
     EventLogSequenceSource,
@@ -51,7 +48,6 @@ from tests.spark.sources import (
     read_task_log,
 )
 from tests.spark.support import (
-    REPO_ROOT,
     assert_exactly_once,
     log_ids,
     sink_rows,
@@ -276,52 +272,8 @@ def run_driver(config: dict[str, Any]) -> None:
     spark.stop()
 
 
-class Driver:
-    """This file run as a driver, in a process group of its own (and its working folder)."""
-
-    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
-        self.run = config["run"]
-        self.folder = tmp / f"driver-{self.run}"
-        self.folder.mkdir()
-        self.log = tmp / f"driver-{self.run}.log"
-        config_file = tmp / f"driver-{self.run}.json"
-        config_file.write_text(json.dumps(config))
-        env = daemon_env(
-            tmp, {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])}
-        )
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, __file__, str(config_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.folder,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        if self.process.poll() is not None:
-            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-            raise AssertionError(f"driver {self.run} exited with {self.process.returncode}\n{tail}")
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL the group (driver, JVM, streaming runner); then whatever works in its folder."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-        left = stop_processes([self.process.pid], self.folder)
-        assert not left, f"driver {self.run} left processes behind: {left}"
-
-
-@contextlib.contextmanager
-def driver(tmp: Path, config: dict[str, Any]) -> Iterator[Driver]:
-    process = Driver(tmp, config)
-    try:
-        yield process
-    finally:
-        process.kill()
+def driver(tmp: Path, config: dict[str, Any]) -> Any:
+    return script_driver(__file__, tmp, int(config["run"]), config)
 
 
 def kill_and_restart(tmp_path: Path, master: str) -> None:
@@ -361,12 +313,12 @@ def kill_and_restart(tmp_path: Path, master: str) -> None:
 
     run1_options = {**options, "holdAfterEvents": "2s"}  # tasks end 2 s after their events
     with driver(tmp_path, {**base, "run": 1, "options": run1_options}) as run1:
-        wait_until("run 1's batch 1", lambda: run1.alive() and len(committed()) >= 2, 240)
+        wait_until("run 1's batch 1", lambda: run1.check_alive() and len(committed()) >= 2, 240)
         catalog.append("a", 12)
         catalog.add("c", 15)
         killed = wait_until(
             "a batch with its events written and not committed",
-            lambda: run1.alive() and events_written_not_committed(),
+            lambda: run1.check_alive() and events_written_not_committed(),
             120,
             step=0.01,
         )
@@ -375,13 +327,15 @@ def kill_and_restart(tmp_path: Path, master: str) -> None:
     print(f"run 1 killed in batch {killed}, committed {committed()}")
 
     with driver(tmp_path, {**base, "run": 2, "options": options}) as run2:
-        wait_until("run 2", lambda: run2.alive() and (control / "started-2").exists(), 240)
+        wait_until("run 2", lambda: run2.check_alive() and (control / "started-2").exists(), 240)
         catalog.append("b", 9)
         catalog.add("d", 6)
-        wait_until("run 2's batches", lambda: run2.alive() and committed()[-1] >= killed + 2, 240)
+        wait_until(
+            "run 2's batches", lambda: run2.check_alive() and committed()[-1] >= killed + 2, 240
+        )
         (control / "stop").touch()
         if run2.process.wait(timeout=300) != 0:
-            run2.alive()  # raises, with the driver's log
+            run2.check_alive()  # raises, with the driver's log
     assert killed in committed()  # replayed and committed by run 2
 
     rows = sorted(

@@ -25,15 +25,12 @@ the test, the driver's planner and the executors all read:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +41,8 @@ pytest.importorskip("pyspark")
 from tests.spark.cluster import (
     QUICK_JVM,
     StandaloneCluster,
-    daemon_env,
+    script_driver,
     standalone_cluster,
-    stop_processes,
 )
 
 from splitflow.testing.sequence import SequenceCatalog
@@ -56,7 +52,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17 on PATH"),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 RECORDS_PER_BATCH = 25
 
 
@@ -160,60 +155,9 @@ def _batch_ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit())
 
 
-class Driver:
-    """A driver process (and its JVM and Python children) in a process group of its own."""
-
-    def __init__(self, tmp: Path, cluster: StandaloneCluster, run: int, **paths: Path) -> None:
-        self.run = run
-        self.folder = tmp / f"driver-{run}"  # its working folder, and its children's
-        self.folder.mkdir()
-        self.log = tmp / f"driver-{run}.log"
-        config = {"master": cluster.master_url, "run": run, **{k: str(p) for k, p in paths.items()}}
-        config_file = tmp / f"driver-{run}.json"
-        config_file.write_text(json.dumps(config))
-        env = daemon_env(tmp, {"PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, __file__, str(config_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.folder,
-                start_new_session=True,
-            )
-
-    def check_alive(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"driver {self.run} exited with {self.process.returncode}\n{self.tail()}"
-            )
-        return True
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- {self.log}:\n" + "\n".join(text)
-
-    def kill(self) -> None:
-        """SIGKILL the whole group (driver, its JVM, the streaming runner), then reap.
-
-        PySpark's Python worker daemon leaves the group (``setpgid``); it exits when its
-        JVM's pipe closes, and :func:`stop_processes` makes sure of it.
-        """
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-        left = stop_processes([self.process.pid], self.folder)
-        assert not left, f"driver {self.run} left processes behind: {left}"
-
-
-@contextlib.contextmanager
-def driver(tmp: Path, cluster: StandaloneCluster, run: int, **paths: Path) -> Iterator[Driver]:
-    process = Driver(tmp, cluster, run, **paths)
-    try:
-        yield process
-    finally:
-        process.kill()  # whatever happened: no driver survives the test
+def driver(tmp: Path, cluster: StandaloneCluster, run: int, **paths: Path) -> Any:
+    config = {"master": cluster.master_url, "run": run, **{k: str(p) for k, p in paths.items()}}
+    return script_driver(__file__, tmp, run, config)
 
 
 @pytest.mark.timeout(420)
