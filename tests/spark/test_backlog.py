@@ -11,11 +11,12 @@ state: they survive a restart and a rescale, and a boundary is reported once per
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from tests.spark.backlog_source import BacklogLoggingSource
 from tests.spark.test_planner import DISCOVERY, FakeClock, Query, assert_exactly_once
 
-from splitflow.api.events import BacklogFinishedEvent, SourceEvent
 from splitflow.spark.planner import BacklogAware, BatchOffset, MaxRecords, Planner, ReadAll
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
@@ -42,33 +43,15 @@ def live_boundaries(p: Planner[Any, Any]) -> dict[str, int]:
     return dict(p._settle(p.coordinator.backlog_boundaries()))
 
 
-class CountingSource(SequenceSource):
-    """Counts every BacklogFinishedEvent its enumerators receive, per split."""
-
-    received: Counter[str]
-
-    def _count(self, enumerator: Any) -> Any:
-        handle = enumerator.handle_source_event
-
-        def counting(reader_id: int, event: SourceEvent) -> None:
-            if isinstance(event, BacklogFinishedEvent):
-                self.received.update(event.split_ids)
-            handle(reader_id, event)
-
-        enumerator.handle_source_event = counting
-        return enumerator
-
-    def create_enumerator(self, context: Any) -> Any:
-        return self._count(super().create_enumerator(context))
-
-    def restore_enumerator(self, context: Any, state: Any) -> Any:
-        return self._count(super().restore_enumerator(context, state))
-
-
-def counting_planner(catalog: SequenceCatalog, clock: FakeClock) -> Planner[Any, Any]:
-    source = CountingSource(catalog, discovery_interval=DISCOVERY)
-    source.received = Counter()
+def counting_planner(catalog: SequenceCatalog, clock: FakeClock, log: Path) -> Planner[Any, Any]:
+    """A planner whose enumerators log each BacklogFinishedEvent's splits to ``log``."""
+    source = BacklogLoggingSource(catalog, discovery_interval=DISCOVERY)
+    source.log_path = str(log)
     return Planner(source, 2, clock=clock)
+
+
+def received(log: Path) -> Counter[str]:
+    return Counter(log.read_text().split()) if log.exists() else Counter()
 
 
 def test_boundaries_are_the_latest_positions_when_splits_are_first_seen() -> None:
@@ -158,31 +141,33 @@ def test_boundaries_survive_a_restart_and_a_rescale() -> None:
     assert live_boundaries(before.planner) == {}
 
 
-def test_a_split_s_boundary_is_reported_once_across_idle_triggers_and_a_restart() -> None:
+def test_a_split_s_boundary_is_reported_once_across_idle_triggers_and_a_restart(
+    tmp_path: Path,
+) -> None:
     clock = FakeClock()
     catalog = SequenceCatalog({"a": 10, "b": 10})
-    query = Query(counting_planner(catalog, clock))
-    received = query.planner.source.received
+    log = tmp_path / "events.txt"
+    query = Query(counting_planner(catalog, clock, log))
     query.batch(ReadAll())  # reads both to their boundary
     for _ in range(3):  # idle triggers: latestOffset with nothing new
         clock.advance(1.0)
         assert query.plan(ReadAll()) is None
-    assert received == {"a": 1, "b": 1}
+    assert received(log) == {"a": 1, "b": 1}
     assert not query.planner.in_backlog
 
     # A restart from that batch's offset, which still holds both boundaries (the events
     # were derived when planning the next batch): the restored enumerator gets them once.
     assert boundaries(query) == {"a": 10, "b": 10}
-    after = Query(counting_planner(catalog, clock), start=query.offset)
-    received = after.planner.source.received
+    log = tmp_path / "events-after-restart.txt"
+    after = Query(counting_planner(catalog, clock, log), start=query.offset)
     catalog.append("a", 1)
     clock.advance(1.0)
     after.batch(ReadAll())
-    assert received == {"a": 1, "b": 1}
+    assert received(log) == {"a": 1, "b": 1}
     assert boundaries(after) == {}
     clock.advance(1.0)
     assert after.plan(ReadAll()) is None
-    assert received == {"a": 1, "b": 1}
+    assert received(log) == {"a": 1, "b": 1}
 
 
 def test_an_enumerator_can_hold_the_backlog_flag_itself() -> None:
