@@ -31,12 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         from splitflow.demo import run
 
         return run(args)
-    from splitflow.errors import ConfigurationError
+    from splitflow.errors import SplitflowError
     from splitflow.inspect import format_table, read_checkpoint, to_json
 
     try:
         states = read_checkpoint(args.checkpoint, args.batch, args.state_dir)
-    except ConfigurationError as exc:
+    except SplitflowError as exc:
         print(f"splitflow inspect: {exc}", file=sys.stderr)
         return 2
     print(to_json(states) if args.json else format_table(states))

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from splitflow.errors import ConfigurationError
+from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 
@@ -99,7 +99,14 @@ def read_checkpoint(
         except json.JSONDecodeError:
             continue  # another source's offset in its own format
         if isinstance(offset, dict) and "splitflow" in offset:
-            states.append(_source_state(chosen, committed, index, offset, state_dir))
+            try:
+                states.append(_source_state(chosen, committed, index, offset, state_dir))
+            except CheckpointStateError as exc:
+                raise CheckpointStateError(
+                    f"batch {chosen}: {exc} (committing a batch discards the ledger files of "
+                    "older ones: without --state-dir, the batch's ledger size is shown)",
+                    path=exc.path,
+                ) from None
     return states
 
 

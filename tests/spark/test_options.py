@@ -255,3 +255,10 @@ def test_sequence_data_source_rejects_bad_runtime_options_at_load(
     with pytest.raises(ConfigurationError) as error:
         sequence_data_source(catalog=catalog_file, maxRecordsPerTask="0")
     assert_names(error, "maxRecordsPerTask", "0")
+
+
+def test_backlog_lag_threshold_at_or_below_min_records_per_batch_is_rejected() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        parse(backlogLagThreshold="500", minRecordsPerBatch="500")
+    assert error.value.option == "backlogLagThreshold"
+    assert parse(backlogLagThreshold="501", minRecordsPerBatch="500").backlog_lag_threshold == 501

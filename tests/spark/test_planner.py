@@ -639,8 +639,8 @@ def test_available_now_on_a_fresh_query_prepares_before_the_initial_offset(
     existing = catalog.records()
     planner = planner_for(catalog, clock)
     planner.prepare_available_now()  # Spark: in MicroBatchExecution.logicalPlan
+    query = Query(planner)  # initialOffset fixes the target, then the batches
     catalog.append("a", 5)
-    query = Query(planner)  # initialOffset, then the batches
     query.drain(MaxRecords(4))
     assert_exactly_once(query.read, existing)
 
@@ -655,11 +655,12 @@ def test_available_now_after_a_restart_reads_up_to_what_existed_when_prepared(
     existing = catalog.records()
 
     restarted = planner_for(catalog, clock)
-    restarted.prepare_available_now()
+    restarted.prepare_available_now()  # before Spark says where the run resumes
+    second = Query(restarted, start=first.offset)
+    second.batch(MaxRecords(4))  # the run's first planning call fixes the target
     catalog.append("a", 3)
     catalog.add("late", 2)
     clock.advance(DISCOVERY)
-    second = Query(restarted, start=first.offset)
     second.drain(MaxRecords(4))
     assert_exactly_once(first.read + second.read, existing)
 

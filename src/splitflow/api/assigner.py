@@ -189,12 +189,13 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
 
         ``extent`` is what :meth:`latest_positions` says of the split now; ``at_start``
         whether the first discovery of this run (a fresh start or a restart) found it.
-        Default: its latest position, so what exists when the split is first seen is its
-        backlog. Override for another rule: the end of a snapshot, or no boundary for splits
-        found later in the run when new splits are the live stream (new files are). A
-        boundary at or before the split's position means it has nothing to catch up.
+        Default: how far it exists then (``extent.exists_to``), so what exists when the
+        split is first seen is its backlog. Override for another rule: the end of a
+        snapshot, or no boundary for splits found later in the run when new splits are the
+        live stream (new files are). A boundary at or before the split's position means it
+        has nothing to catch up.
         """
-        return None if extent is None else extent.latest
+        return None if extent is None else extent.exists_to
 
     def hold_backlog(self, held: bool) -> None:
         """Say the source is processing backlog whatever the splits' boundaries (or stop)."""

@@ -116,6 +116,7 @@ class LedgerStore:
         except FileNotFoundError:
             raise CheckpointStateError(
                 f"ledger file {path} is missing: the checkpoint refers to it; is option "
-                "stateDir the one the query ran with",
+                "stateDir the one the query ran with, and is this the query's latest batch "
+                "(a commit discards the files of older ones)",
                 path=path,
             ) from None

@@ -91,6 +91,14 @@ class RuntimeOptions:
             reader_idle_timeout=duration("readerIdleTimeout", 60.0),
             state_dir=options.get("statedir") or None,
         )
+        threshold, minimum = parsed.backlog_lag_threshold, parsed.min_records_per_batch
+        if threshold is not None and minimum is not None and threshold <= minimum:
+            raise ConfigurationError(
+                f"option backlogLagThreshold ({threshold}) must be above minRecordsPerBatch "
+                f"({minimum}): every wait for the minimum would enter "
+                "backlog",
+                option="backlogLagThreshold",
+            )
         low, high = parsed.min_records_per_batch, parsed.max_records_per_batch
         if low is not None and high is not None and low > high:
             raise ConfigurationError(
@@ -108,10 +116,12 @@ class RuntimeOptions:
         records, size = self.backlog_max_records_per_batch, self.backlog_max_bytes_per_batch
         if records is None and size is None:
             return live
-        return BacklogAware(_cap(records, size), live)
+        return BacklogAware(_cap(records, size, "backlogMaxBytesPerBatch"), live)
 
 
-def _cap(records: int | None, size: int | None) -> ReadAll | MaxRecords | MaxBytes:
+def _cap(
+    records: int | None, size: int | None, option: str = "maxBytesPerBatch"
+) -> ReadAll | MaxRecords | MaxBytes:
     if size is not None:
-        return MaxBytes(size, records)
+        return MaxBytes(size, records, option)
     return ReadAll() if records is None else MaxRecords(records)

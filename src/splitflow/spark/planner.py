@@ -78,6 +78,8 @@ class MaxBytes:
 
     bytes: int
     records: int | None = None
+    option: str = "maxBytesPerBatch"
+    """The option that set ``bytes`` (errors name it)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,10 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
 
 
 def share_bytes(
-    backlogs: Mapping[str, int], sizes: Mapping[str, float | None], budget: int
+    backlogs: Mapping[str, int],
+    sizes: Mapping[str, float | None],
+    budget: int,
+    option: str = "maxBytesPerBatch",
 ) -> dict[str, int]:
     """Records per split for a budget of ``budget`` bytes; ``sizes``: bytes per record.
 
@@ -155,16 +160,22 @@ def share_bytes(
     unknown = sorted(s for s, b in backlogs.items() if b > 0 and sizes.get(s) is None)
     if unknown:
         raise ConfigurationError(
-            f"option maxBytesPerBatch: the source gives no size estimate for split "
+            f"option {option}: the source gives no size estimate for split "
             f"{unknown[0]} (it does not support a byte budget)",
-            option="maxBytesPerBatch",
+            option=option,
         )
     size = {s: max(float(sizes[s] or 0.0), 1e-9) for s in backlogs}
     in_bytes = {s: math.ceil(b * size[s]) if b > 0 else 0 for s, b in backlogs.items()}
     shares = share_records(in_bytes, budget)
-    return {
-        s: min(backlogs[s], max(1, int(shares[s] // size[s]))) if shares[s] else 0 for s in backlogs
-    }
+
+    def records(split: str) -> int:
+        if shares[split] >= in_bytes[split]:
+            return max(0, backlogs[split])  # its whole backlog fits its share
+        if not shares[split]:
+            return 0
+        return min(backlogs[split], max(1, math.floor(shares[split] / size[split] + 1e-9)))
+
+    return {s: records(s) for s in backlogs}
 
 
 # -- the offset of a batch -------------------------------------------------------------------
@@ -314,6 +325,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._pumped_at = 0.0
         self._last_batch_at = 0.0
         self._target: dict[str, int] | None = None  # AvailableNow: positions to stop at
+        self._fix_target = False  # AvailableNow: fix the target at the next planning call
         self._latest_extents: dict[str, SplitExtent] | None = None  # of the last latestOffset
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoded: SplitCache = {}  # splits of the last offset, encoded
@@ -355,7 +367,15 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _restored_state(self, offset: BatchOffset[SplitT, EnumStateT] | None) -> EnumStateT | None:
         """The enumerator state of ``offset``, its ledger read back from the state directory."""
         ref = offset.ledger if offset else None
-        if ref is not None and (self._ledger is None or self._ledgers is None):
+        if ref is not None and self._ledgers is None:
+            codec = type(self.source.enumerator_state_codec).__name__
+            raise IncompatibleCheckpointError(
+                f"enumerator state: the checkpoint keeps a ledger in the state directory but "
+                f"the source's state codec {codec} is not a LedgerCodec",
+                found="a ledger",
+                expected="none",
+            )
+        if ref is not None and self._ledger is None:
             raise ConfigurationError(
                 f"option stateDir: the checkpoint keeps the enumerator's finished splits in a "
                 f"state directory (ledger of batch {ref.base}); run the query with its stateDir",
@@ -432,20 +452,34 @@ class Planner(Generic[SplitT, EnumStateT]):
             if self._coordinator is None:
                 self._start(None)
             self._pump()
+            if self._fix_target:
+                self._fix_target_now()
             self._initial = self._snapshot(0, {}).encode(self.source, self._encoded)
         return dict(self._initial)
 
     def prepare_available_now(self) -> None:
-        """Fix the target: what exists now is read, nothing that appears later."""
-        self._ensure(None)
-        self._pump()
+        """Read what exists when the run starts, nothing that appears later.
+
+        Spark calls this before it says which offset the run resumes from, so the target
+        (each split's extent) is fixed by the run's first planning call, from the
+        coordinator in its right state: started fresh, or restored from the offset.
+        """
+        self._target = None
+        self._fix_target = True
+        if self._coordinator is not None:
+            self._fix_target_now()
+
+    def _fix_target_now(self) -> None:
         self._target = {sid: extent.exists_to for sid, extent in self._extents().items()}
+        self._fix_target = False
 
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
         self._ensure(start)
         self._apply_reader_events(int(start["seq"]))
         self._pump()
+        if self._fix_target:
+            self._fix_target_now()
         extents = self._latest_extents = self._extents()
         # A finish applied while a MinRecords limit waited still needs a batch to record it.
         changed = self._finish_ended_splits(extents) or self._unrecorded_finish
@@ -519,7 +553,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(limit, ReadAll):
             return backlogs
         sizes = {sid: extents[sid].bytes_per_position for sid in backlogs}
-        reads = share_bytes(backlogs, sizes, limit.bytes)
+        reads = share_bytes(backlogs, sizes, limit.bytes, limit.option)
         if limit.records is not None:
             capped = share_records(backlogs, limit.records)
             reads = {sid: min(n, capped[sid]) for sid, n in reads.items()}
@@ -583,11 +617,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         threshold = self.backlog_lag_threshold
         if threshold is None or self.in_backlog:
             return
-        behind = {
+        behind = {  # what exists counts, admitted or not (files waiting for admission)
             slot_id: {
-                sid: extents[sid].latest
+                sid: extents[sid].exists_to
                 for sid, s in slot.items()
-                if sid in extents and extents[sid].latest > s.position
+                if sid in extents and extents[sid].exists_to > s.position
             }
             for slot_id, slot in self._slots.items()
         }
@@ -680,10 +714,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot_id in sorted(self._slots):
             slot_lag = 0
             for sid, split in self._sorted_slot(slot_id).items():
-                latest = extents[sid].latest if sid in extents else None
-                lag = None if latest is None else max(0, latest - split.position)
+                extent = extents.get(sid)
+                latest = None if extent is None else extent.latest
+                lag = None if extent is None else max(0, extent.exists_to - split.position)
                 slot_lag += lag or 0
                 row = {"owner": slot_id, "position": split.position, "latest": latest, "lag": lag}
+                if extent is not None and extent.available is not None:
+                    row["available"] = extent.available
                 if sid in boundaries:
                     row["backlogBoundary"] = boundaries[sid]
                     row["toBoundary"] = max(0, boundaries[sid] - split.position)
