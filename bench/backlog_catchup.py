@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     if args.quick:
-        args.backlog, args.live, args.reps, args.live_batch = 12_000, 3.0, 1, 300
+        args.backlog, args.live, args.reps, args.live_batch = 8_000, 2.0, 1, 400
         args.rate = 200.0
     spark = (
         SparkSession.builder.master("local[2]")
