@@ -38,44 +38,29 @@ def timestamp(progress: dict[str, Any]) -> float:
     return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def test_max_records_per_batch_bounds_every_batch_and_starves_no_split(
-    tmp_path: Path, spark: Any, catalog: SequenceCatalog
+@pytest.mark.parametrize(
+    ("options", "cap"),
+    [
+        ({"maxRecordsPerBatch": 25}, 25),
+        ({"recordBytes": 100, "maxBytesPerBatch": 2_000}, 20),  # 100-byte records
+    ],
+    ids=["maxRecordsPerBatch", "maxBytesPerBatch"],
+)
+def test_a_batch_limit_bounds_every_batch_and_starves_no_split(
+    tmp_path: Path, spark: Any, catalog: SequenceCatalog, options: dict[str, int], cap: int
 ) -> None:
     query = start_stream(
-        spark, catalog, tmp_path / "out", tmp_path / "chk", parallelism=2, maxRecordsPerBatch=25
+        spark, catalog, tmp_path / "out", tmp_path / "chk", parallelism=2, **options
     )
     wait_caught_up(query, catalog)
     query.stop()
     batches = data_batches(query)
     rows = [p["numInputRows"] for p in batches]
-    assert max(rows) <= 25, rows
+    assert max(rows) <= cap, rows
     assert sum(rows) == len(catalog.records())
-    assert len(batches) >= math.ceil(140 / 25)
+    assert len(batches) >= math.ceil(140 / cap)
     first = reported_splits(batches[0])
     assert first["c"]["position"] > 0, f"the small split waits behind the big one: {first}"
-    assert_exactly_once(sink_rows(spark, tmp_path / "out"), catalog.records())
-
-
-def test_max_bytes_per_batch_bounds_every_batch_by_the_source_s_size_estimate(
-    tmp_path: Path, spark: Any, catalog: SequenceCatalog
-) -> None:
-    # 100-byte records, 2,000 bytes a batch: 20 records a batch, every split moving.
-    query = start_stream(
-        spark,
-        catalog,
-        tmp_path / "out",
-        tmp_path / "chk",
-        parallelism=2,
-        recordBytes=100,
-        maxBytesPerBatch=2_000,
-    )
-    wait_caught_up(query, catalog)
-    query.stop()
-    batches = data_batches(query)
-    rows = [p["numInputRows"] for p in batches]
-    assert max(rows) <= 20, rows
-    assert sum(rows) == len(catalog.records())
-    assert reported_splits(batches[0])["c"]["position"] > 0, "the small split waits"
     assert_exactly_once(sink_rows(spark, tmp_path / "out"), catalog.records())
 
 
