@@ -10,10 +10,13 @@ sum(flag)``), so every value is decoded and handed to Spark. Both are warmed up,
 alternate (splitflow, Spark, splitflow, ...) and the score is the median of per-pair
 throughput ratios. Results must be equal or the run stops.
 
-To say where the time goes, the script also times (not in the score) a minimal Python data
-source that yields the same Arrow batches from the same files with the same tasks (the cost
-of any Python source: the Arrow hand-over to the JVM), and the decode alone in this process
-(pyarrow reading and conforming the files, no Spark).
+To say where the time goes, the script also times (not in the score) two Python data
+sources from this script on the same data with the same tasks: a minimal one that yields
+the same Arrow batches from the same Parquet files (the least code any Python source needs),
+and a ceiling one that yields the batches memory-mapped from Arrow IPC copies of the files
+(no decoding at all: what Spark's Python Data Source API costs by itself). It prints the CPU
+seconds that the JVM and the Python workers used in each, and the decode alone in this
+process (pyarrow reading and conforming the files, no Spark).
 
     python bench/files_vs_parquet.py            # 8 files x 1.25M rows, 5 pairs
     python bench/files_vs_parquet.py --quick    # 8 files x 250k rows, 3 pairs (< 1 minute)
@@ -42,6 +45,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from _proc_cpu import spark_cpu_seconds
 from splitflow.connectors.files.formats import conform
 from splitflow.spark import register
 
@@ -98,6 +102,15 @@ class _MinimalParquetReader(DataSourceReader):
                 yield from conform(pf.read_row_group(index), SCHEMA, path, 0)
 
 
+class _ArrowIpcReader(_MinimalParquetReader):
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        for path in partition.value:
+            with pa.memory_map(path) as mapped:
+                file = pa.ipc.open_file(mapped)
+                for index in range(file.num_record_batches):
+                    yield file.get_batch(index)
+
+
 class MinimalParquetSource(DataSource):
     """Diagnostic baseline: the least Python data source yielding the same Arrow batches."""
 
@@ -112,6 +125,30 @@ class MinimalParquetSource(DataSource):
         directory = self.options["path"]
         files = sorted(os.path.join(directory, n) for n in os.listdir(directory))
         return _MinimalParquetReader(files, int(self.options["tasks"]))
+
+
+class ArrowIpcSource(MinimalParquetSource):
+    """Diagnostic ceiling: batches memory-mapped from Arrow IPC files, no decoding."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrow-ipc"
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        directory = self.options["path"]
+        files = sorted(os.path.join(directory, n) for n in os.listdir(directory))
+        return _ArrowIpcReader(files, int(self.options["tasks"]))
+
+
+def write_arrow_copies(directory: str, into: str) -> None:
+    """Each Parquet file of ``directory`` as an Arrow IPC file in ``into``, same batches."""
+    os.makedirs(into)
+    for name in sorted(os.listdir(directory)):
+        pf = pq.ParquetFile(os.path.join(directory, name))
+        with pa.ipc.new_file(os.path.join(into, name + ".arrow"), SCHEMA) as out:
+            for index in range(pf.num_row_groups):
+                for batch in conform(pf.read_row_group(index), SCHEMA, name, 0):
+                    out.write_batch(batch)
 
 
 def spark_parquet(spark: SparkSession, directory: str) -> Any:
@@ -129,10 +166,15 @@ def splitflow_files(spark: SparkSession, directory: str, tasks: int, split_bytes
     )
 
 
-def timed(frame: Any) -> tuple[float, tuple[Any, ...]]:
+def timed(frame: Any, cpu: list[dict[str, float]] | None = None) -> tuple[float, tuple[Any, ...]]:
+    """Seconds and result of the query on ``frame``; appends the CPU it used to ``cpu``."""
+    before = spark_cpu_seconds()
     started = time.perf_counter()
     row = frame.selectExpr(*QUERY).collect()[0]
-    return time.perf_counter() - started, tuple(row)
+    took = time.perf_counter() - started
+    if cpu is not None:
+        cpu.append({k: v - before[k] for k, v in spark_cpu_seconds().items()})
+    return took, tuple(row)
 
 
 def decode_only(directory: str) -> float:
@@ -152,9 +194,12 @@ def main() -> None:
     args = parser.parse_args()
     files, rows, pairs = (8, 250_000, 3) if args.quick else (8, 1_250_000, 5)
     total_rows = files * rows
-    directory = tempfile.mkdtemp(prefix="files_vs_parquet-")
+    workdir = tempfile.mkdtemp(prefix="files_vs_parquet-")
+    directory, arrow_copies = os.path.join(workdir, "parquet"), os.path.join(workdir, "arrow")
     try:
+        os.makedirs(directory)
         size = write_files(directory, files, rows)
+        write_arrow_copies(directory, arrow_copies)
         split_bytes = size // args.tasks + 1
         spark = (
             SparkSession.builder.master("local[2]")
@@ -169,55 +214,63 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         spark.dataSource.register(MinimalParquetSource)
+        spark.dataSource.register(ArrowIpcSource)
         theirs_frame = spark_parquet(spark, directory)
-        tasks = theirs_frame.rdd.getNumPartitions()  # splitflow gets as many tasks
-        ours_frame = splitflow_files(spark, directory, tasks, split_bytes)
-        minimal_frame = (
-            spark.read.format("minimal-parquet").option("path", directory).option("tasks", tasks)
-        ).load()
-        parts = (tasks, ours_frame.rdd.getNumPartitions())
+        tasks = theirs_frame.rdd.getNumPartitions()  # the others get as many tasks
+        frames = {
+            "splitflow": splitflow_files(spark, directory, tasks, split_bytes),
+            "spark.read.parquet": theirs_frame,
+            "minimal Python source": spark.read.format("minimal-parquet")
+            .option("path", directory)
+            .option("tasks", tasks)
+            .load(),
+            "ceiling (Arrow IPC, no decode)": spark.read.format("arrow-ipc")
+            .option("path", arrow_copies)
+            .option("tasks", tasks)
+            .load(),
+        }
+        parts = (tasks, frames["splitflow"].rdd.getNumPartitions())
         print(
             f"files_vs_parquet: {files} files x {rows:,} rows = {total_rows:,} rows, "
             f"{size / 1e6:.1f} MB, tasks spark/splitflow = {parts[0]}/{parts[1]}, {pairs} pairs, "
             "local[2]"
         )
-        for _ in range(2):  # warm up both: JVM, Python workers, file cache
-            timed(ours_frame)
-            timed(theirs_frame)
-        timed(minimal_frame)
-        ratios, ours, theirs, minimal = [], [], [], []
+        for _ in range(2):  # warm up all: JVM, Python workers, file cache
+            for frame in frames.values():
+                timed(frame)
+        rates: dict[str, list[float]] = {name: [] for name in frames}
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in frames}
+        ratios = []
         for i in range(pairs):
-            t_ours, r_ours = timed(ours_frame)
-            t_theirs, r_theirs = timed(theirs_frame)
-            t_min, r_min = timed(minimal_frame)
-            if not r_ours == r_theirs == r_min:
-                raise SystemExit(f"results differ: splitflow {r_ours}, Spark {r_theirs}, {r_min}")
-            minimal.append(total_rows / t_min)
-            ours.append(total_rows / t_ours)
-            theirs.append(total_rows / t_theirs)
-            ratios.append(t_theirs / t_ours)
+            results = {}
+            for name, frame in frames.items():
+                took, results[name] = timed(frame, cpu[name])
+                rates[name].append(total_rows / took)
+            if len(set(results.values())) != 1:
+                raise SystemExit(f"results differ: {results}")
+            ratios.append(rates["splitflow"][-1] / rates["spark.read.parquet"][-1])
             print(
-                f"pair {i}: splitflow {total_rows / t_ours / 1e6:6.2f} M rows/s   "
-                f"spark.read.parquet {total_rows / t_theirs / 1e6:6.2f} M rows/s   "
-                f"ratio {t_theirs / t_ours:.3f}"
+                f"pair {i}: splitflow {rates['splitflow'][-1] / 1e6:6.2f} M rows/s   "
+                f"spark.read.parquet {rates['spark.read.parquet'][-1] / 1e6:6.2f} M rows/s   "
+                f"ratio {ratios[-1]:.3f}"
             )
         ratio = statistics.median(ratios)
+        print(
+            f"{'median of ' + str(pairs):32} {'M rows/s':>9} {'JVM cpu s':>10} {'Python cpu s':>13}"
+        )
+        for name in frames:
+            jvm = statistics.median(c["jvm"] for c in cpu[name])
+            python = statistics.median(c["python"] for c in cpu[name])
+            rate = statistics.median(rates[name]) / 1e6
+            print(f"{name:32} {rate:9.2f} {jvm:10.2f} {python:13.2f}")
         decode = decode_only(directory)
-        print(
-            f"median: splitflow {statistics.median(ours) / 1e6:.2f} M rows/s, "
-            f"spark.read.parquet {statistics.median(theirs) / 1e6:.2f} M rows/s"
-        )
-        print(
-            f"minimal Python Parquet source (same batches, no splitflow): "
-            f"{statistics.median(minimal) / 1e6:.2f} M rows/s"
-        )
         print(
             f"decode alone (pyarrow read + conform, 1 thread, no Spark): "
             f"{total_rows / decode / 1e6:.2f} M rows/s"
         )
         spark.stop()
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     if ratio < 0.9:
         print(f"MISS: ratio {ratio:.3f} is below the target 0.9")
     print(f"RESULT ratio_vs_spark_parquet={ratio:.3f} target=>=0.9")

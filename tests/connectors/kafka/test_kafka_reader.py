@@ -102,6 +102,26 @@ def test_a_slice_stops_exactly_at_its_stop_and_the_next_reads_on(tansu: Tansu, t
     assert offsets(rest) == [7, 8, 9]
 
 
+def test_one_reader_reads_several_partitions_each_to_its_own_stop(tansu: Tansu) -> None:
+    """One consumer, three partitions: each ``consume()`` mixes them (the bench's setup)."""
+    name = f"multi-{uuid.uuid4().hex[:8]}"
+    tansu.create_topic(name, 3)
+    tansu.produce(name, [(None, b"%d-%d" % (p, i), p) for i in range(20) for p in range(3)])
+    options = {"kafka.bootstrap.servers": tansu.bootstrap, "subscribe": name}
+    source = KafkaSource(KafkaOptions.parse(options), fetch_size=50, poll_timeout=0.5)
+    stops = {f"{name}-0": 20, f"{name}-1": 7, f"{name}-2": 13}
+    batches, final, _ = read_slices(source, [KafkaSplit(name, p, 1) for p in range(3)], stops)
+    read: dict[int, list[tuple[int, bytes]]] = {}
+    for batch in batches:
+        columns = batch.to_pydict()
+        for p, o, v in zip(columns["partition"], columns["offset"], columns["value"], strict=True):
+            read.setdefault(p, []).append((o, v))
+    assert read == {
+        p: [(i, b"%d-%d" % (p, i)) for i in range(1, stops[f"{name}-{p}"])] for p in range(3)
+    }
+    assert {s.split_id: s.position for s in final} == stops
+
+
 def test_a_slice_past_the_brokers_end_is_data_loss_and_never_hangs(
     tansu: Tansu, topic: str
 ) -> None:

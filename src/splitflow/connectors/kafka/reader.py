@@ -237,8 +237,7 @@ class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit
             cursors = self._cursors.values()
             patience = self._request_timeout if any(not c.heard for c in cursors) else 0.0
             left = started + max(self._poll_timeout, patience) - time.monotonic()
-            for message in consumer.consume(self._fetch_size, timeout=max(0.0, min(left, 0.05))):
-                self._take(message, got)
+            self._take(consumer.consume(self._fetch_size, timeout=max(0.0, min(left, 0.05))), got)
             self._check_silent(consumer)
             if got or any(c.limit is not None and c.eof_at is not None for c in cursors):
                 break  # records, or a slice the broker has nothing more for
@@ -253,22 +252,35 @@ class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit
         self._settle(batch)
         return batch
 
-    def _take(self, message: Any, got: dict[str, list[Any]]) -> None:
-        error = message.error()
-        cursor = self._by_tp.get((message.topic(), message.partition()))
-        if cursor is not None:
-            cursor.heard, cursor.quiet_since = True, time.monotonic()
-        if error is not None:
-            self._handle_error(error, cursor, message)
-            return
-        if cursor is None:
-            return  # a partition dropped meanwhile
-        offset = message.offset()
-        if cursor.limit is not None and offset >= cursor.limit:
-            cursor.eof_at = offset  # the log goes on past the slice: it is all there
-        elif offset >= cursor.position:
-            cursor.eof_at = None
-            got.setdefault(cursor.split_id, []).append(message)
+    def _take(self, messages: list[Any], got: dict[str, list[Any]]) -> None:
+        """Sort one ``consume()`` result: records of each slice into ``got``, ends, errors.
+
+        Per message only what must be per message; the partition's cursor is looked up once
+        per run of messages from the same partition (how the consumer returns them).
+        """
+        now = time.monotonic()
+        run: tuple[str, int] | None = None
+        cursor: _Cursor | None = None
+        taken: list[Any] = []
+        for message in messages:
+            key = (message.topic(), message.partition())
+            if key != run:
+                run, cursor = key, self._by_tp.get(key)
+                if cursor is not None:
+                    cursor.heard, cursor.quiet_since = True, now
+                    taken = got.setdefault(cursor.split_id, [])
+            error = message.error()
+            if error is not None:
+                self._handle_error(error, cursor, message)
+            elif cursor is not None:  # else a partition dropped meanwhile
+                offset = message.offset()
+                if cursor.limit is not None and offset >= cursor.limit:
+                    cursor.eof_at = offset  # the log goes on past the slice: it is all there
+                elif offset >= cursor.position:
+                    cursor.eof_at = None
+                    taken.append(message)
+        for split_id in [s for s, records in got.items() if not records]:
+            del got[split_id]
 
     def _check_silent(self, consumer: Any) -> None:
         """Partitions silent for :attr:`check_interval`: lost if the cluster lost them."""
