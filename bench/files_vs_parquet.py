@@ -118,13 +118,15 @@ class MinimalParquetSource(DataSource):
     def name(cls) -> str:
         return "minimal-parquet"
 
+    read_with = _MinimalParquetReader
+
     def schema(self) -> str:
         return "id bigint, value double, category string, flag boolean"
 
     def reader(self, schema: Any) -> DataSourceReader:
         directory = self.options["path"]
         files = sorted(os.path.join(directory, n) for n in os.listdir(directory))
-        return _MinimalParquetReader(files, int(self.options["tasks"]))
+        return self.read_with(files, int(self.options["tasks"]))
 
 
 class ArrowIpcSource(MinimalParquetSource):
@@ -134,10 +136,7 @@ class ArrowIpcSource(MinimalParquetSource):
     def name(cls) -> str:
         return "arrow-ipc"
 
-    def reader(self, schema: Any) -> DataSourceReader:
-        directory = self.options["path"]
-        files = sorted(os.path.join(directory, n) for n in os.listdir(directory))
-        return _ArrowIpcReader(files, int(self.options["tasks"]))
+    read_with = _ArrowIpcReader
 
 
 def write_arrow_copies(directory: str, into: str) -> None:
