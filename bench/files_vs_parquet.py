@@ -6,17 +6,19 @@ tasks: Spark's reader gets ``spark.sql.files.maxPartitionBytes`` set so that it 
 about ``--tasks`` partitions, and splitflow gets as many reader slots and the same cut
 (``maxSplitBytes`` = ``maxPartitionBytes``). The query is a
 full-scan aggregate over every column (``count, sum(id), sum(value), max(category),
-sum(flag)``), so every value is decoded and handed to Spark. Both are warmed up, runs
-alternate (splitflow, Spark, splitflow, ...) and the score is the median of per-pair
-throughput ratios. Results must be equal or the run stops.
+sum(flag)``), so every value is decoded and handed to Spark. All readers are warmed up,
+then run in turn, round after round (splitflow, Spark, the two below, splitflow, ...); the
+score is the median of the per-round ratios splitflow / Spark. Results must be equal or the
+run stops.
 
 To say where the time goes, the script also times (not in the score) two Python data
 sources from this script on the same data with the same tasks: a minimal one that yields
 the same Arrow batches from the same Parquet files (the least code any Python source needs),
 and a ceiling one that yields the batches memory-mapped from Arrow IPC copies of the files
 (no decoding at all: what Spark's Python Data Source API costs by itself). It prints the CPU
-seconds that the JVM and the Python workers used in each, and the decode alone in this
-process (pyarrow reading and conforming the files, no Spark).
+seconds the JVM and the Python workers used in each (processes of this script only, see
+``_proc_cpu``), the CPU seconds of the decode alone in this process (pyarrow reading and
+conforming the files on one thread, no Spark), and the load average at the start.
 
     python bench/files_vs_parquet.py            # 8 files x 1.25M rows, 5 pairs
     python bench/files_vs_parquet.py --quick    # 8 files x 250k rows, 3 pairs (< 1 minute)
@@ -45,7 +47,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from _proc_cpu import spark_cpu_seconds
+from _proc_cpu import spark_cpu_used, spark_processes
 from splitflow.connectors.files.formats import conform
 from splitflow.spark import register
 
@@ -167,23 +169,23 @@ def splitflow_files(spark: SparkSession, directory: str, tasks: int, split_bytes
 
 def timed(frame: Any, cpu: list[dict[str, float]] | None = None) -> tuple[float, tuple[Any, ...]]:
     """Seconds and result of the query on ``frame``; appends the CPU it used to ``cpu``."""
-    before = spark_cpu_seconds()
+    before = spark_processes()
     started = time.perf_counter()
     row = frame.selectExpr(*QUERY).collect()[0]
     took = time.perf_counter() - started
     if cpu is not None:
-        cpu.append({k: v - before[k] for k, v in spark_cpu_seconds().items()})
+        cpu.append(spark_cpu_used(before))
     return took, tuple(row)
 
 
 def decode_only(directory: str) -> float:
-    """Seconds for pyarrow to read and conform every row group here (one thread)."""
-    started = time.perf_counter()
+    """CPU seconds for pyarrow to read and conform every row group here, on one thread."""
+    started = time.process_time()
     for name in sorted(os.listdir(directory)):
         pf = pq.ParquetFile(os.path.join(directory, name))
         for index in range(pf.num_row_groups):
-            conform(pf.read_row_group(index), SCHEMA, name, 0)
-    return time.perf_counter() - started
+            conform(pf.read_row_group(index, use_threads=False), SCHEMA, name, 0)
+    return time.process_time() - started
 
 
 def main() -> None:
@@ -232,7 +234,7 @@ def main() -> None:
         print(
             f"files_vs_parquet: {files} files x {rows:,} rows = {total_rows:,} rows, "
             f"{size / 1e6:.1f} MB, tasks spark/splitflow = {parts[0]}/{parts[1]}, {pairs} pairs, "
-            "local[2]"
+            f"local[2], load average {os.getloadavg()[0]:.2f}"
         )
         for _ in range(2):  # warm up all: JVM, Python workers, file cache
             for frame in frames.values():
@@ -264,8 +266,8 @@ def main() -> None:
             print(f"{name:32} {rate:9.2f} {jvm:10.2f} {python:13.2f}")
         decode = decode_only(directory)
         print(
-            f"decode alone (pyarrow read + conform, 1 thread, no Spark): "
-            f"{total_rows / decode / 1e6:.2f} M rows/s"
+            f"decode alone (pyarrow read + conform, 1 thread, no Spark): {decode:.2f} cpu s "
+            f"= {total_rows / decode / 1e6:.2f} M rows/s"
         )
         spark.stop()
     finally:

@@ -259,13 +259,13 @@ class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit
         per run of messages from the same partition (how the consumer returns them).
         """
         now = time.monotonic()
-        run: tuple[str, int] | None = None
+        run: tuple[str | None, int] | None = None  # (None, -1): a client-level error
         cursor: _Cursor | None = None
         taken: list[Any] = []
         for message in messages:
             key = (message.topic(), message.partition())
             if key != run:
-                run, cursor = key, self._by_tp.get(key)
+                run, cursor, taken = key, self._by_tp.get(key), []
                 if cursor is not None:
                     cursor.heard, cursor.quiet_since = True, now
                     taken = got.setdefault(cursor.split_id, [])
