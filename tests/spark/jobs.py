@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from tests.spark.support import spark_env
+from tests.spark.support import driver_session
 
 
 def parse_trigger(text: str) -> dict[str, Any]:
@@ -83,23 +83,12 @@ def positions(progress: dict[str, Any] | None) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.update(spark_env())
-    from pyspark.sql import SparkSession
+    spark = driver_session("splitflow-e2e-job")
     from tests.spark.sources import TEST_SOURCES
 
     from splitflow.spark import register
     from splitflow.testing.sequence import SequenceCatalog
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("splitflow-e2e-job")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
     register(spark, *TEST_SOURCES)
     catalog = SequenceCatalog(path=args.catalog)
 

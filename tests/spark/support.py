@@ -47,6 +47,27 @@ def spark_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def driver_session(app: str) -> Any:
+    """The local[2] session of a driver subprocess (``jobs.py``, a test's own job), with
+    splitflow's sources registered and the environment of :func:`spark_env`."""
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    from splitflow.spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def wait_until(what: str, check: Callable[[], T], timeout: float, step: float = 0.05) -> T:
     """Poll ``check`` until it returns something true; return it. Fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout

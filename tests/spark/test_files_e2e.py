@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import REPO_ROOT, assert_exactly_once, log_ids, spark_env, wait_until
+from tests.spark.support import (
+    REPO_ROOT,
+    assert_exactly_once,
+    driver_session,
+    log_ids,
+    spark_env,
+    wait_until,
+)
 
 SCHEMA_DDL = "file string, n bigint, pad string"
 ROWS_PER_FILE = 20
@@ -63,21 +70,7 @@ def job_main(argv: list[str]) -> int:
     parser.add_argument("--state", required=True)
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
-    os.environ.update(spark_env())
-    from pyspark.sql import SparkSession
-
-    from splitflow.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("splitflow-files-job")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = driver_session("splitflow-files-job")
     query = (
         spark.readStream.format("splitflow-files")
         .schema(SCHEMA_DDL)
