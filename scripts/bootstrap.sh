@@ -21,6 +21,24 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 java -version 2>&1 | head -1 | grep -Eq '"(17|21)[."]' \
     || echo "bootstrap: warning: Spark 4.3 is tested with Java 17; found: $(java -version 2>&1 | head -1)" >&2
+# The PostgreSQL tests start a throw-away server from /usr/lib/postgresql/*/bin; the JDBC
+# driver (/usr/share/java/postgresql.jar) is for the Spark JDBC comparison benchmark.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: no PostgreSQL server found; installing postgresql-15" >&2
+        apt-get update -qq && apt-get install -y -qq postgresql-15 libpostgresql-jdbc-java >/dev/null
+    else
+        echo "bootstrap: warning: no PostgreSQL server in /usr/lib/postgresql/*/bin:" \
+            "the PostgreSQL tests will be skipped (install postgresql-15)" >&2
+    fi
+elif [ ! -f /usr/share/java/postgresql.jar ] && [ "$(id -u)" = 0 ] \
+        && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing libpostgresql-jdbc-java (for bench/)" >&2
+    { apt-get install -y -qq libpostgresql-jdbc-java >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; }; } \
+        || echo "bootstrap: warning: could not install libpostgresql-jdbc-java;" \
+            "the JDBC benchmark will be skipped" >&2
+fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka]"
+"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka,postgres]"

@@ -369,14 +369,24 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         new = [
             s for sid, s in current.items() if sid not in known_open and sid not in self._finished
         ]
-        extents = self.latest_positions(new) if new else {}
         at_start, self._listed = not self._listed, True
-        for split in new:
+        self._discovered = True
+        self.add_splits(new, at_start=at_start)
+
+    def add_splits(self, splits: Sequence[SplitT], *, at_start: bool = False) -> None:
+        """Own new ``splits`` and assign them, as discovery does with the splits it finds.
+
+        For splits that appear other than by :meth:`discover_splits` (a change log that
+        starts once a snapshot has been read). ``at_start``: whether the first discovery
+        of this run found them (see :meth:`backlog_boundary`).
+        Called by: the coordinator thread.
+        """
+        extents = self.latest_positions(splits) if splits else {}
+        for split in splits:
             self._unassigned[split.split_id] = split
             boundary = self.backlog_boundary(split, extents.get(split.split_id), at_start)
             if boundary is not None and boundary > split.position:
                 self._backlog[split.split_id] = boundary
-        self._discovered = True
         self._signal_backlog()
         self._assign_pending()
 

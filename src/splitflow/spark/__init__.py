@@ -12,6 +12,7 @@ from splitflow.spark.files import FilesDataSource
 from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.kafka import KafkaDataSource
 from splitflow.spark.options import RuntimeOptions
+from splitflow.spark.postgres import PostgresCdcDataSource
 from splitflow.spark.sequence import SequenceDataSource
 
 BUILT_IN: tuple[type[SplitflowDataSource], ...] = (
@@ -19,6 +20,7 @@ BUILT_IN: tuple[type[SplitflowDataSource], ...] = (
     GeneratorDataSource,
     KafkaDataSource,
     FilesDataSource,
+    PostgresCdcDataSource,
 )
 
 
@@ -33,6 +35,7 @@ __all__ = [
     "FilesDataSource",
     "GeneratorDataSource",
     "KafkaDataSource",
+    "PostgresCdcDataSource",
     "RuntimeOptions",
     "SequenceDataSource",
     "SplitflowDataSource",

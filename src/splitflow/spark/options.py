@@ -47,6 +47,21 @@ from splitflow.spark.planner import (
     ReadLimit,
 )
 
+NAMES = (
+    "parallelism",
+    "maxRecordsPerBatch",
+    "maxBytesPerBatch",
+    "backlogMaxRecordsPerBatch",
+    "backlogMaxBytesPerBatch",
+    "backlogLagThreshold",
+    "minRecordsPerBatch",
+    "maxBatchDelay",
+    "maxRecordsPerTask",
+    "readerIdleTimeout",
+    "stateDir",
+)
+"""The runtime's option names (for sources that refuse unknown options)."""
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:

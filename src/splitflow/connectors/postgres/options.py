@@ -1,0 +1,179 @@
+"""Options of the PostgreSQL CDC source, validated before a query starts.
+
+=====================  ============  ==========================================================
+option                 default       meaning
+=====================  ============  ==========================================================
+``host``               localhost     server host (or use ``conninfo``)
+``port``               5432          server port
+``dbname``             (user)        database
+``user``               (libpq)       role; needs REPLICATION and SELECT on the tables (and
+                                     CREATE on the database when the publication is missing)
+``password``           (none)        never shown in offsets, checkpoints, logs or reprs
+``conninfo``           (none)        a libpq connection string; the options above override it
+``tables``             (required)    comma-separated ``schema.table`` names; ``*`` and ``?``
+                                     match patterns (``public.orders_*``); no schema: ``public``
+``startupMode``        initial       ``initial``: snapshot, then the log; ``latest``: the log
+                                     from now on; ``snapshotOnly``: the snapshot, bounded
+``chunkSize``          8096          rows per snapshot chunk
+``slotName``           (required)    logical replication slot of the query (created if
+                                     missing); one reading query per slot
+``publicationName``    slotName      publication of the tables (created or extended if needed)
+``discoveryInterval``  30s           how often tables newly matching ``tables`` are looked for
+``connectTimeout``     10s           connection timeout
+=====================  ============  ==========================================================
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from splitflow.api.options import parse_duration, parse_positive_int
+from splitflow.errors import ConfigurationError
+
+MODES = {"initial": "initial", "latest": "latest", "snapshotonly": "snapshotOnly"}
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_KNOWN = {
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "conninfo",
+    "tables",
+    "startupmode",
+    "chunksize",
+    "slotname",
+    "publicationname",
+    "discoveryinterval",
+    "connecttimeout",
+}
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    """The parsed options. ``repr`` leaves the password and the connection string out."""
+
+    conninfo: str = field(repr=False)
+    where: str
+    tables: tuple[str, ...]
+    mode: str = "initial"
+    chunk_size: int = 8096
+    slot: str = ""
+    publication: str = ""
+    discovery_interval: float = 30.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], known: set[str] | None = None) -> PostgresOptions:
+        """Read the options (keys lower-cased, as Spark passes them).
+
+        ``known``: the other option names the caller understands (the runtime's); an
+        option in neither set is refused with the nearest known name.
+        """
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        accepted = _KNOWN | {k.lower() for k in known or ()}
+        for key in options:
+            if key.lower() not in accepted:
+                hint = _nearest(key.lower(), accepted)
+                raise ConfigurationError(
+                    f"unknown option {key!r} for splitflow-postgres-cdc"
+                    + (f" (did you mean {hint!r}?)" if hint else ""),
+                    option=key,
+                )
+        get = {k.lower(): v for k, v in options.items()}.get
+        base = get("conninfo") or ""
+        try:
+            parsed = conninfo_to_dict(base)
+        except Exception as e:  # psycopg.ProgrammingError: names no secret
+            raise ConfigurationError(
+                "option conninfo is not a valid libpq connection string", option="conninfo"
+            ) from e
+        port = get("port")
+        if port is not None:
+            parse_positive_int("port", port)
+        timeout = parse_duration("connectTimeout", get("connecttimeout") or "10s")
+        overrides = {
+            name: get(name)
+            for name in ("host", "port", "dbname", "user", "password")
+            if get(name) is not None
+        }
+        if "host" not in overrides and "host" not in parsed and "hostaddr" not in parsed:
+            overrides["host"] = "localhost"
+        conninfo = make_conninfo(base, **overrides, connect_timeout=str(max(1, round(timeout))))
+        merged = conninfo_to_dict(conninfo)
+        where = (
+            f"{merged.get('user', '(default user)')}@{merged.get('host')}:"
+            f"{merged.get('port', 5432)}/{merged.get('dbname', '(default db)')}"
+        )
+        raw_mode = (get("startupmode") or "initial").strip()
+        mode = MODES.get(raw_mode.lower())
+        if mode is None:
+            raise ConfigurationError(
+                f"option startupMode must be initial, latest or snapshotOnly, not {raw_mode!r}",
+                option="startupMode",
+            )
+        tables = tuple(_table(t) for t in (get("tables") or "").split(",") if t.strip())
+        if not tables:
+            raise ConfigurationError(
+                "option tables is required: comma-separated schema.table names or patterns",
+                option="tables",
+            )
+        slot = (get("slotname") or "").strip()
+        if mode != "snapshotOnly":
+            if not slot:
+                raise ConfigurationError(
+                    f"option slotName is required with startupMode={mode}: the query's "
+                    "logical replication slot (created if missing)",
+                    option="slotName",
+                )
+            if not _NAME.fullmatch(slot):
+                raise ConfigurationError(
+                    f"option slotName {slot!r}: use lower-case letters, digits and "
+                    "underscores, at most 63",
+                    option="slotName",
+                )
+        publication = (get("publicationname") or slot).strip()
+        if mode != "snapshotOnly" and not _NAME.fullmatch(publication):
+            raise ConfigurationError(
+                f"option publicationName {publication!r}: use lower-case letters, digits "
+                "and underscores, at most 63",
+                option="publicationName",
+            )
+        return cls(
+            conninfo=conninfo,
+            where=where,
+            tables=tables,
+            mode=mode,
+            chunk_size=parse_positive_int("chunkSize", get("chunksize") or "8096"),
+            slot=slot,
+            publication=publication,
+            discovery_interval=parse_duration(
+                "discoveryInterval", get("discoveryinterval") or "30s"
+            ),
+        )
+
+    def matches(self, table: str) -> bool:
+        """Whether ``schema.table`` is one of :attr:`tables` or matches one's pattern."""
+        return any(fnmatch.fnmatchcase(table, pattern) for pattern in self.tables)
+
+
+def _table(text: str) -> str:
+    name = text.strip()
+    if "." not in name:
+        name = f"public.{name}"
+    if name.count(".") != 1 or not all(name.split(".")):
+        raise ConfigurationError(
+            f"option tables: {text.strip()!r} is not a schema.table name or pattern",
+            option="tables",
+        )
+    return name
+
+
+def _nearest(word: str, names: set[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, sorted(names), n=1, cutoff=0.6)
+    return found[0] if found else None

@@ -1,0 +1,409 @@
+"""The CDC source's reader: chunk splits read in one snapshot each, the log split from the
+slot with the SQL functions of logical decoding.
+
+**Chunks.** A chunk is read in one ``REPEATABLE READ`` transaction: its snapshot (``xmin``,
+``xmax``, transactions in progress) and the WAL insert position come from the first
+statement, the rows from a server-side cursor, and the insert position after the rows is the
+chunk's ``high`` mark. The rows (``op = 'r'``, ``lsn`` = the position at the snapshot) and
+the :class:`~.splits.ChunkReadEvent` leave the reader together, as one element, so a
+checkpoint never splits a chunk.
+
+**The log.** The slice ``[a, b)`` of the log split is every transaction whose commit record
+starts at an LSN in it. ``pg_logical_slot_peek_binary_changes(slot, b, ...)`` decodes the
+slot's changes from its confirmed position up to the first commit at or past ``b``, without
+consuming them, so a retried or replayed task reads the same slice; the driver advances the
+slot once Spark has committed. Before peeking, the reader waits until the WAL is flushed up
+to the insert position it sees (everything that started before ``b`` ended before it), so a
+commit that started before ``b`` is never missed for not being on disk yet. A change is left
+out when its chunk's snapshot already held it (:class:`~.splits.ChunkFilter`).
+
+Values come from pgoutput in text form and go through the same type mapping as the
+snapshot's rows (:mod:`.types`). An unchanged TOASTed value (a large value an ``UPDATE`` did
+not touch, under the default replica identity) comes as null.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
+from splitflow.api.split import SplitState
+from splitflow.connectors.postgres import catalog, pgoutput
+from splitflow.connectors.postgres.splits import (
+    CdcSplit,
+    ChunkFilter,
+    ChunkMark,
+    ChunkReadEvent,
+    ChunkSplit,
+    LogSplit,
+    mark_of,
+)
+from splitflow.connectors.postgres.types import ColumnType, to_arrow
+from splitflow.errors import ConnectorError
+from splitflow.reader.base import SourceReaderBase
+from splitflow.reader.emitter import RecordEmitter
+from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSlice
+
+if TYPE_CHECKING:
+    from splitflow.connectors.postgres.source import PostgresCdcSource
+
+log = logging.getLogger("splitflow.postgres")
+
+META = (
+    ("op", pa.string()),
+    ("lsn", pa.int64()),
+    ("commit_ts", pa.timestamp("us", "UTC")),
+    ("table", pa.string()),
+)
+ROWS_PER_BATCH = 8192
+FLUSH_WAIT = 30.0
+"""Seconds a log reader waits for the WAL to be flushed up to the position it saw."""
+
+
+class Piece(NamedTuple):
+    """What the split reader hands the emitter: rows up to ``next_position``, and a
+    chunk's watermark with the chunk's rows."""
+
+    batches: list[pa.RecordBatch]
+    next_position: int
+    mark: ChunkMark | None = None
+
+
+class CdcEmitter(RecordEmitter[Piece, pa.RecordBatch, CdcSplit]):
+    """Emits a piece's rows, reports a chunk's watermark, moves the position."""
+
+    def __init__(self, context: SourceReaderContext) -> None:
+        self._context = context
+
+    def emit(
+        self, element: Piece, output: ReaderOutput[pa.RecordBatch], state: SplitState[CdcSplit]
+    ) -> None:
+        for batch in element.batches:
+            output.collect(batch)
+        if element.mark is not None:
+            self._context.send_source_event_to_coordinator(ChunkReadEvent(element.mark))
+        state.position = element.next_position
+
+
+class OutputSchema:
+    """The source's row layout: the union of the tables' columns, then the metadata."""
+
+    def __init__(self, columns: Sequence[tuple[str, ColumnType]]) -> None:
+        self.columns = dict(columns)
+        self.index = {name: i for i, name in enumerate(self.columns)}
+        self.arrow = pa.schema(
+            [pa.field(n, k.arrow) for n, k in self.columns.items()]
+            + [pa.field(n, t) for n, t in META]
+        )
+
+    def batch(
+        self,
+        table: str,
+        names: Sequence[str],
+        values: list[pa.Array],
+        op: str | list[str],
+        lsn: int | list[int],
+        commit_ts: Any,
+    ) -> pa.RecordBatch:
+        """Rows of ``table`` with columns ``names`` (the rest null) and their metadata."""
+        n = len(values[0]) if values else (len(op) if isinstance(op, list) else 0)
+        given = dict(zip(names, values, strict=True))
+        for name in names:
+            if name not in self.index:
+                raise ConnectorError(
+                    f"table {table} has column {name}, which is not in the query's schema "
+                    "(it was added after the query started): restart the query"
+                )
+        arrays = [
+            given[name] if name in given else pa.nulls(n, kind.arrow)
+            for name, kind in self.columns.items()
+        ]
+        arrays.append(pa.array(op if isinstance(op, list) else [op] * n, pa.string()))
+        arrays.append(pa.array(lsn if isinstance(lsn, list) else [lsn] * n, pa.int64()))
+        arrays.append(
+            pa.array(commit_ts if isinstance(commit_ts, list) else [commit_ts] * n, META[2][1])
+        )
+        arrays.append(pa.array([table] * n, pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+
+
+class CdcSplitReader(SplitReader[Piece, CdcSplit]):
+    """Reads chunk and log slices (see the module doc). One connection per split reader."""
+
+    def __init__(self, source: PostgresCdcSource) -> None:
+        self._source = source
+        self._options = source.options
+        self._schema = OutputSchema(source.columns())
+        self._slices: dict[str, SplitSlice[CdcSplit]] = {}
+        self._log_at: dict[str, int] = {}  # how far each log split has been read
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = catalog.connect(self._options)
+        return self._conn
+
+    def handle_splits_changes(self, added: Sequence[SplitSlice[CdcSplit]]) -> None:
+        self._slices.update((piece.split_id, piece) for piece in added)
+
+    def remove_splits(self, split_ids: Sequence[str]) -> None:
+        for split_id in split_ids:
+            self._slices.pop(split_id, None)
+            self._log_at.pop(split_id, None)
+
+    def wake_up(self) -> None:
+        pass  # every fetch returns after one bounded read
+
+    def fetch(self) -> RecordsBySplits[Piece]:
+        out: RecordsBySplits[Piece] = RecordsBySplits()
+        for split_id, piece in list(self._slices.items()):
+            split = piece.split
+            if isinstance(split, ChunkSplit):
+                if piece.stop is not None and piece.stop <= split.position:
+                    out.mark_finished(split_id)
+                else:
+                    out.add(split_id, self._read_chunk(split))
+                    out.mark_ended(split_id)
+            else:
+                self._read_log(piece, out)  # type: ignore[arg-type]
+                if split_id not in out.finished:
+                    continue
+            del self._slices[split_id]
+        return out
+
+    # -- chunks --------------------------------------------------------------------------------
+
+    def _read_chunk(self, split: ChunkSplit) -> Piece:
+        conn = self._connection()
+        table = self._source.table(split.table, conn)
+        names = [name for name, _ in table.columns]
+        kinds = [kind for _, kind in table.columns]
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(sql.Identifier(n) for n in names), catalog.quoted(split.table)
+        )
+        conditions, params = [], []
+        key = sql.Identifier(split.key) if split.key else None
+        if key is not None and split.lo is not None:
+            conditions.append(sql.SQL("{} >= %s").format(key))
+            params.append(split.lo)
+        if key is not None and split.hi is not None:
+            conditions.append(sql.SQL("{} < %s").format(key))
+            params.append(split.hi)
+        if conditions:
+            query = query + sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        batches = []
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT pg_current_snapshot()::text, "
+                    "pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+                ).fetchone()
+                assert row is not None
+                xmin, xmax, xip = _snapshot(row[0])
+                at = int(row[1])
+                with conn.cursor(name=f"splitflow_chunk_{split.index}") as cursor:
+                    cursor.itersize = ROWS_PER_BATCH
+                    cursor.execute(query, params)
+                    while rows := cursor.fetchmany(ROWS_PER_BATCH):
+                        batches.append(
+                            self._schema.batch(
+                                split.table, names, to_arrow(rows, kinds), "r", at, None
+                            )
+                        )
+                high = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise ConnectorError(
+                f"chunk {split.split_id}: table {split.table} no longer exists"
+            ) from None
+        assert high is not None
+        mark = ChunkMark(
+            split.split_id, split.table, split.lo, split.hi, xmin, xmax, xip, int(high[0])
+        )
+        return Piece(batches, 1, mark)
+
+    # -- the log -------------------------------------------------------------------------------
+
+    def _read_log(self, piece: SplitSlice[LogSplit], out: RecordsBySplits[Piece]) -> None:
+        split = piece.split
+        start = self._log_at.get(split.split_id, split.position)
+        if piece.stop is not None and piece.stop <= start:
+            out.mark_finished(split.split_id)
+            return
+        conn = self._connection()
+        conn.autocommit = True
+        insert = _lsn(conn, "pg_current_wal_insert_lsn()")
+        stop = insert if piece.stop is None else piece.stop
+        if stop <= start:
+            return
+        waited = time.monotonic()
+        while _lsn(conn, "pg_current_wal_flush_lsn()") < insert:
+            if time.monotonic() - waited > FLUSH_WAIT:
+                raise ConnectorError(
+                    f"split {split.split_id}: the WAL was not flushed up to "
+                    f"{pgoutput.format_lsn(insert)} within {FLUSH_WAIT:g}s"
+                )
+            time.sleep(0.005)
+        pieces = LogDecoder(self._schema, [mark_of(m) for m in split.marks]).read(
+            conn, self._options.slot, self._options.publication, start, stop
+        )
+        self._log_at[split.split_id] = stop
+        out.add_all(split.split_id, pieces)
+        if piece.stop is not None:
+            out.mark_finished(split.split_id)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class LogDecoder:
+    """Turns the slot's pgoutput messages of a slice into pieces of rows, one or more whole
+    transactions per piece, leaving out the changes chunks already held."""
+
+    def __init__(self, schema: OutputSchema, marks: Sequence[ChunkMark]) -> None:
+        self._schema = schema
+        self._filter = ChunkFilter(marks)
+        self._relations: dict[int, pgoutput.Relation] = {}
+        self._converters: dict[int, list[ColumnType | None]] = {}
+
+    def read(
+        self, conn: psycopg.Connection[Any], slot: str, publication: str, start: int, stop: int
+    ) -> list[Piece]:
+        pieces: list[Piece] = []
+        rows: dict[int, list[tuple[str, int, Any, list[Any]]]] = {}
+        count = 0
+        keep = False
+        begin: pgoutput.Begin | None = None
+        try:
+            with conn.transaction(), conn.cursor(name="splitflow_log") as cursor:
+                cursor.itersize = 2000
+                cursor.execute(
+                    "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+                    "'proto_version', '1', 'publication_names', %s)",
+                    (slot, pgoutput.format_lsn(stop), publication),
+                )
+                for (data,) in cursor:
+                    message = pgoutput.decode(bytes(data))
+                    if isinstance(message, pgoutput.Begin):
+                        begin = message
+                        keep = start <= message.final_lsn < stop
+                    elif isinstance(message, pgoutput.Relation):
+                        self._relations[message.oid] = message
+                        self._converters.pop(message.oid, None)
+                    elif isinstance(message, pgoutput.Commit):
+                        if keep and count >= ROWS_PER_BATCH:
+                            pieces.append(Piece(self._batches(rows), message.commit_lsn + 1))
+                            rows, count = {}, 0
+                        keep = False
+                    elif (
+                        keep
+                        and begin is not None
+                        and isinstance(message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete)
+                    ):
+                        count += self._change(message, begin, rows)
+        except psycopg.errors.ObjectInUse as e:
+            raise ConnectorError(
+                f"option slotName: replication slot {slot} is in use by another process "
+                f"({e.diag.message_primary}): one query per slot"
+            ) from None
+        except psycopg.errors.UndefinedObject as e:
+            raise ConnectorError(
+                f"option slotName: replication slot {slot}: {e.diag.message_primary}"
+            ) from None
+        pieces.append(Piece(self._batches(rows), stop))
+        return pieces
+
+    def _change(
+        self,
+        message: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
+        begin: pgoutput.Begin,
+        rows: dict[int, list[tuple[str, int, Any, list[Any]]]],
+    ) -> int:
+        relation = self._relations[message.relation_oid]
+        table = f"{relation.namespace}.{relation.name}"
+        if isinstance(message, pgoutput.Delete):
+            op, values = "d", message.key if message.key is not None else message.old
+        else:
+            op, values = ("c" if isinstance(message, pgoutput.Insert) else "u"), message.new
+        assert values is not None
+        converted = self._convert(relation, table, values)
+        keys = [c.name for c in relation.columns if c.is_key]
+        key = (
+            converted[[c.name for c in relation.columns].index(keys[0])] if len(keys) == 1 else None
+        )
+        if self._filter.already_read(table, key, begin.xid, begin.final_lsn):
+            return 0
+        rows.setdefault(relation.oid, []).append((op, begin.final_lsn, begin.commit_ts, converted))
+        return 1
+
+    def _convert(
+        self, relation: pgoutput.Relation, table: str, values: pgoutput.TupleData
+    ) -> list[Any]:
+        kinds = self._converters.get(relation.oid)
+        if kinds is None:
+            for column in relation.columns:
+                if column.name not in self._schema.columns:
+                    raise ConnectorError(
+                        f"table {table} has column {column.name}, which is not in the "
+                        "query's schema (it was added after the query started): restart the "
+                        "query"
+                    )
+            kinds = self._converters[relation.oid] = [
+                self._schema.columns[c.name] for c in relation.columns
+            ]
+        return [
+            v.from_text(raw) if isinstance(raw, bytes) and v is not None else None
+            for v, raw in zip(kinds, values, strict=True)
+        ]
+
+    def _batches(
+        self, rows: dict[int, list[tuple[str, int, Any, list[Any]]]]
+    ) -> list[pa.RecordBatch]:
+        batches = []
+        for oid, changes in rows.items():
+            relation = self._relations[oid]
+            table = f"{relation.namespace}.{relation.name}"
+            names = [c.name for c in relation.columns]
+            columns = [
+                pa.array([change[3][i] for change in changes], self._schema.columns[name].arrow)
+                for i, name in enumerate(names)
+            ]
+            batches.append(
+                self._schema.batch(
+                    table,
+                    names,
+                    columns,
+                    [c[0] for c in changes],
+                    [c[1] for c in changes],
+                    [c[2] for c in changes],
+                )
+            )
+        return batches
+
+
+def _lsn(conn: psycopg.Connection[Any], function: str) -> int:
+    row = conn.execute(f"SELECT {function} - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _snapshot(text: str) -> tuple[int, int, tuple[int, ...]]:
+    """``xmin:xmax:xip,...`` (``pg_current_snapshot()``) as numbers."""
+    xmin, xmax, xip = text.split(":")
+    return int(xmin), int(xmax), tuple(int(x) for x in xip.split(",") if x)
+
+
+def create_cdc_reader(
+    source: PostgresCdcSource, context: SourceReaderContext
+) -> SourceReader[pa.RecordBatch, CdcSplit]:
+    return SourceReaderBase(lambda: CdcSplitReader(source), CdcEmitter(context), context)

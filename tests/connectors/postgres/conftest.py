@@ -1,0 +1,15 @@
+"""The PostgreSQL tests' server: one per test session (see ``tests/support/postgres.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tests.support.postgres import Postgres, postgres_fixture
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    """A PostgreSQL 15 on loopback for the whole session (``wal_level=logical``); each test
+    uses its own tables, publications and slots, and drops its slots."""
+    yield from postgres_fixture(tmp_path_factory)
