@@ -30,7 +30,7 @@ def connect(options: PostgresOptions, **kwargs: Any) -> psycopg.Connection[Any]:
     try:
         conn = psycopg.connect(options.conninfo, context=adapters(), **kwargs)
     except psycopg.OperationalError as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        reason = " ".join(str(e).split()) or type(e).__name__
         raise ConnectorError(f"cannot connect to PostgreSQL {options.where}: {reason}") from None
     return conn
 
@@ -230,6 +230,6 @@ def row_bytes(conn: psycopg.Connection[Any], tables: list[str]) -> dict[str, int
             "WHERE oid = %s::regclass",
             (quoted(table).as_string(conn),) * 2,
         ).fetchone()
-        pages, tuples = row if row is not None else (0, 0)
-        sizes[table] = int(pages / tuples) if tuples and tuples > 0 else 100
+        size, tuples = row if row is not None else (0, 0)
+        sizes[table] = max(1, int(size / tuples)) if tuples and tuples > 0 else 100
     return sizes

@@ -15,6 +15,8 @@ option                 default       meaning
 ``startupMode``        initial       ``initial``: snapshot, then the log; ``latest``: the log
                                      from now on; ``snapshotOnly``: the snapshot, bounded
 ``chunkSize``          8096          rows per snapshot chunk
+``maxChunksPerBatch``  (all)         at most this many chunks read per micro-batch (smaller
+                                     batches: a restart re-reads less)
 ``slotName``           (required)    logical replication slot of the query (created if
                                      missing); one reading query per slot
 ``publicationName``    slotName      publication of the tables (created or extended if needed)
@@ -45,6 +47,7 @@ _KNOWN = {
     "tables",
     "startupmode",
     "chunksize",
+    "maxchunksperbatch",
     "slotname",
     "publicationname",
     "discoveryinterval",
@@ -61,6 +64,7 @@ class PostgresOptions:
     tables: tuple[str, ...]
     mode: str = "initial"
     chunk_size: int = 8096
+    chunks_per_batch: int | None = None
     slot: str = ""
     publication: str = ""
     discovery_interval: float = 30.0
@@ -148,6 +152,11 @@ class PostgresOptions:
             tables=tables,
             mode=mode,
             chunk_size=parse_positive_int("chunkSize", get("chunksize") or "8096"),
+            chunks_per_batch=(
+                None
+                if get("maxchunksperbatch") is None
+                else parse_positive_int("maxChunksPerBatch", get("maxchunksperbatch") or "")
+            ),
             slot=slot,
             publication=publication,
             discovery_interval=parse_duration(

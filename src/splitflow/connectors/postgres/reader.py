@@ -146,8 +146,12 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
+        """Autocommit, so catalog reads hold no transaction; each chunk read and each peek
+        is one explicit ``REPEATABLE READ READ ONLY`` transaction."""
         if self._conn is None or self._conn.closed:
-            self._conn = catalog.connect(self._options)
+            self._conn = catalog.connect(self._options, autocommit=True)
+            self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            self._conn.read_only = True
         return self._conn
 
     def handle_splits_changes(self, added: Sequence[SplitSlice[CdcSplit]]) -> None:
@@ -198,8 +202,6 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             params.append(split.hi)
         if conditions:
             query = query + sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
         batches = []
         try:
             with conn.transaction():
@@ -239,7 +241,6 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             out.mark_finished(split.split_id)
             return
         conn = self._connection()
-        conn.autocommit = True
         insert = _lsn(conn, "pg_current_wal_insert_lsn()")
         stop = insert if piece.stop is None else piece.stop
         if stop <= start:
@@ -331,20 +332,31 @@ class LogDecoder:
     ) -> int:
         relation = self._relations[message.relation_oid]
         table = f"{relation.namespace}.{relation.name}"
+        names = [c.name for c in relation.columns]
+        keys = [names.index(c.name) for c in relation.columns if c.is_key]
+        events: list[tuple[str, pgoutput.TupleData]] = []
         if isinstance(message, pgoutput.Delete):
-            op, values = "d", message.key if message.key is not None else message.old
+            old = message.key if message.key is not None else message.old
+            assert old is not None
+            events.append(("d", old))
+        elif isinstance(message, pgoutput.Insert):
+            events.append(("c", message.new))
         else:
-            op, values = ("c" if isinstance(message, pgoutput.Insert) else "u"), message.new
-        assert values is not None
-        converted = self._convert(relation, table, values)
-        keys = [c.name for c in relation.columns if c.is_key]
-        key = (
-            converted[[c.name for c in relation.columns].index(keys[0])] if len(keys) == 1 else None
-        )
-        if self._filter.already_read(table, key, begin.xid, begin.final_lsn):
-            return 0
-        rows.setdefault(relation.oid, []).append((op, begin.final_lsn, begin.commit_ts, converted))
-        return 1
+            old = message.key if message.key is not None else message.old
+            if old is not None and any(old[i] != message.new[i] for i in keys):
+                events += [("d", old), ("c", message.new)]  # the primary key changed
+            else:
+                events.append(("u", message.new))
+        emitted = 0
+        for op, values in events:
+            converted = self._convert(relation, table, values)
+            key = converted[keys[0]] if len(keys) == 1 else None
+            if not self._filter.already_read(table, key, begin.xid, begin.final_lsn):
+                rows.setdefault(relation.oid, []).append(
+                    (op, begin.final_lsn, begin.commit_ts, converted)
+                )
+                emitted += 1
+        return emitted
 
     def _convert(
         self, relation: pgoutput.Relation, table: str, values: pgoutput.TupleData

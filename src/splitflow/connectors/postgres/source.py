@@ -83,9 +83,10 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
         self._log_made = state.log_made
         self._found_log_start: int | None = None  # handed over by discovery
         self._found_tables: tuple[str, ...] = ()  # handed over by discovery
+        known = state.assigner.assigned.keys() | state.assigner.finished  # ids, all kinds
         self._chunk_ids: set[str] = {
             s.split_id for s in state.assigner.unassigned if isinstance(s, ChunkSplit)
-        } | {sid for sid in state.assigner.assigned if not sid.startswith("log:")}
+        } | {sid for sid in known if not sid.startswith("log:")}
         self._log_seen: int | None = None  # the log's position at the last planning
         self._pending: dict[int, int] = {}  # checkpoint id -> log position safe to confirm
         self._confirmed = 0
@@ -184,31 +185,33 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
     def latest_positions(self, splits: Sequence[CdcSplit]) -> Mapping[str, SplitExtent]:
         extents: dict[str, SplitExtent] = {}
         logs = [s for s in splits if isinstance(s, LogSplit)]
-        for split in splits:
-            if isinstance(split, ChunkSplit):
-                size = float(
-                    self._source.row_bytes.get(split.table, 100) * self._options.chunk_size
-                )
-                extents[split.split_id] = SplitExtent(1, final=True, bytes_per_position=size)
+        chunks = sorted((s for s in splits if isinstance(s, ChunkSplit)), key=_chunk_order)
+        admit = self._options.chunks_per_batch
+        for n, split in enumerate(chunks):
+            size = float(self._source.row_bytes.get(split.table, 100) * self._options.chunk_size)
+            held = admit is not None and n >= admit and split.position == 0
+            extents[split.split_id] = SplitExtent(  # a held chunk has not ended: not final
+                split.position if held else 1, final=not held, bytes_per_position=size, available=1
+            )
         if logs:
-            split = logs[0]
+            log_split = logs[0]
             insert, confirmed = self._wal_positions()
             if confirmed is None:
                 raise DataLossError(
-                    f"replication slot {split.slot} in {self._options.where} is gone: the "
-                    f"changes after LSN {format_lsn(split.position)} cannot be read",
-                    split_id=split.split_id,
+                    f"replication slot {log_split.slot} in {self._options.where} is gone: the "
+                    f"changes after LSN {format_lsn(log_split.position)} cannot be read",
+                    split_id=log_split.split_id,
                 )
-            if confirmed > split.position:
+            if confirmed > log_split.position:
                 raise DataLossError(
-                    f"replication slot {split.slot} has confirmed LSN {format_lsn(confirmed)}, "
-                    f"past this query's position {format_lsn(split.position)}: another reader "
+                    f"replication slot {log_split.slot} has confirmed LSN {format_lsn(confirmed)}, "
+                    f"past this query's position {format_lsn(log_split.position)}: another reader "
                     "consumed the changes between",
-                    split_id=split.split_id,
+                    split_id=log_split.split_id,
                 )
-            self._log_seen = split.position
-            extents[split.split_id] = SplitExtent(
-                max(insert, split.position), bytes_per_position=1.0
+            self._log_seen = log_split.position
+            extents[log_split.split_id] = SplitExtent(
+                max(insert, log_split.position), bytes_per_position=1.0
             )
         return extents
 
@@ -262,6 +265,10 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _chunk_order(split: ChunkSplit) -> tuple[str, int]:
+    return split.table, split.index
 
 
 def _log_advance_error(result: None, error: BaseException | None) -> None:

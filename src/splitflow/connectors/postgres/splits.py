@@ -22,7 +22,7 @@ from typing import Any
 from splitflow.api.assigner import AssignerState, AssignerStateCodec
 from splitflow.api.events import SourceEvent
 from splitflow.api.split import Codec, DataclassCodec, JsonDict, LedgerCodec
-from splitflow.errors import IncompatibleCheckpointError
+from splitflow.errors import ConnectorError, IncompatibleCheckpointError
 
 Key = int | None
 """A chunk bound: an integer primary key value, or ``None`` for an open end."""
@@ -144,8 +144,12 @@ class ChunkFilter:
             mark = marks[0]
         else:
             assert isinstance(key, int)
-            at = bisect.bisect_right(self._starts[table], key) - 1
-            mark = marks[max(at, 0)]
+            mark = marks[bisect.bisect_right(self._starts[table], key) - 1]
+            if not (mark.lo is None or mark.lo <= key) or not (mark.hi is None or key < mark.hi):
+                raise ConnectorError(
+                    f"no chunk watermark of table {table} covers key {key} (the nearest is "
+                    f"chunk {mark.split_id}): the log split's watermarks are incomplete"
+                )
         return commit_lsn < mark.high and mark.sees(xid)
 
 
