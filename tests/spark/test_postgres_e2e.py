@@ -218,3 +218,128 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
     )[0][0]
     first_log_lsn = min(r["lsn"] for r in rows if r["op"] != "r")
     assert confirmed > first_log_lsn, "the slot never advanced past what Spark committed"
+
+
+class Flags:
+    """The backlog flag of every batch that read rows, by batch id, gathered as the query
+    runs (``recentProgress`` keeps only the last hundred)."""
+
+    def __init__(self, query: Any) -> None:
+        self.query = query
+        self.by_batch: dict[int, bool] = {}
+
+    def __call__(self) -> list[bool]:
+        for p in self.query.recentProgress:
+            if p["numInputRows"] > 0:
+                offset = json.loads(p["sources"][0]["latestOffset"])
+                self.by_batch[p["batchId"]] = bool(offset["backlog"])
+        return [flag for _, flag in sorted(self.by_batch.items())]
+
+
+def test_backlog_lasts_through_the_snapshot_and_the_log_up_to_its_start_and_no_secret_leaks(
+    spark: Any, postgres: Postgres, tmp_path: Path
+) -> None:
+    """The snapshot's batches and the log's first stretch (what the WAL held when the log
+    started) are backlog, then the source is at the head; changes made afterwards arrive
+    as live changes. The password is nowhere in offsets, state, commits or progress."""
+    table = "backlog_orders"
+    postgres.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int, payload text)")
+    postgres.execute(f"INSERT INTO {table} SELECT g, 0, 'p' FROM generate_series(1, 2000) g")
+    out, checkpoint, state = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "state"
+    writer = Writer(postgres, table, 2001)
+    writer.start()  # changes while the snapshot is read: the log's backlog
+    query = (
+        spark.readStream.format("splitflow-postgres-cdc")
+        .option("conninfo", postgres.conninfo())
+        .option("tables", table)
+        .option("slotName", "s_backlog")
+        .option("chunkSize", "200")
+        .option("maxChunksPerBatch", "2")
+        .option("stateDir", str(state))
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    seen = Flags(query)
+    try:
+        wait_until("the snapshot", lambda: len(seen()) >= 3, 120)
+        writer.stop()
+
+        def live() -> bool:  # a change, so that a batch reads rows and reports its flag
+            postgres.execute(f"UPDATE {table} SET version = version + 1 WHERE id = 1")
+            return seen()[-1] is False
+
+        wait_until("a batch at the head", live, 120, step=1.0)
+        progress = repr(query.recentProgress)
+    finally:
+        writer.stop()
+        query.stop()
+    flags = seen()
+    assert flags[0] is True
+    assert flags[-1] is False
+    assert flags == sorted(flags, reverse=True), f"backlog must end once: {flags}"
+    snapshot_batches = sum(1 for f in flags if f)
+    assert snapshot_batches >= 5, f"10 chunks, 2 per batch, all in backlog: {flags}"
+    secret = "s3cret-pw"
+    assert secret in postgres.conninfo()
+    assert secret not in progress
+    for path in [*checkpoint.rglob("*"), *state.rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"the password is in {path}"
+
+
+def test_spark_read_is_the_snapshot_and_latest_reads_only_what_follows(
+    spark: Any, postgres: Postgres, tmp_path: Path
+) -> None:
+    table = "read_orders"
+    postgres.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int, payload text)")
+    postgres.execute(
+        f"INSERT INTO {table} SELECT g, g % 7, md5(g::text) FROM generate_series(1, 5000) g"
+    )
+    frame = (
+        spark.read.format("splitflow-postgres-cdc")
+        .option("conninfo", postgres.conninfo())
+        .option("tables", table)
+        .option("chunkSize", "700")
+        .load()
+    )
+    got = sorted((r["id"], r["version"], r["payload"], r["op"]) for r in frame.collect())
+    expected = sorted(
+        (i, v, p, "r") for i, v, p in postgres.execute(f"SELECT id, version, payload FROM {table}")
+    )
+    assert got == expected
+
+    query = (
+        spark.readStream.format("splitflow-postgres-cdc")
+        .option("conninfo", postgres.conninfo())
+        .option("tables", table)
+        .option("startupMode", "latest")
+        .option("slotName", "s_latest")
+        .load()
+        .writeStream.format("memory")
+        .queryName("cdc_latest")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until("the query to start", lambda: query.lastProgress is not None, 60)
+        postgres.execute(f"INSERT INTO {table} VALUES (9001, 0, 'after')")
+        postgres.execute(f"UPDATE {table} SET version = 99 WHERE id = 3")
+        postgres.execute(f"DELETE FROM {table} WHERE id = 4")
+        rows = wait_until(
+            "the three changes",
+            lambda: (lambda r: r if len(r) >= 3 else None)(
+                spark.sql("SELECT id, version, op FROM cdc_latest ORDER BY lsn").collect()
+            ),
+            60,
+        )
+    finally:
+        query.stop()
+    assert [(r["id"], r["version"], r["op"]) for r in rows] == [
+        (9001, 0, "c"),
+        (3, 99, "u"),
+        (4, None, "d"),
+    ]

@@ -33,8 +33,6 @@ class PostgresCdcDataSource(SplitflowDataSource):
 
         self._options = PostgresOptions.parse(options, known=set(NAMES))
         with catalog.connect(self._options, autocommit=True) as conn:
-            if self._options.mode != "snapshotOnly":
-                catalog.check_logical(conn, self._options.where)
             names = catalog.list_tables(conn, self._options)
             self._tables = [catalog.describe_table(conn, name) for name in names]
             self._row_bytes = catalog.row_bytes(conn, names)
@@ -66,6 +64,12 @@ class PostgresCdcDataSource(SplitflowDataSource):
         return super().reader(schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        from splitflow.connectors.postgres import catalog
+
+        self._options.check_streaming()
+        if self._options.mode != "snapshotOnly":
+            with catalog.connect(self._options, autocommit=True) as conn:
+                catalog.check_logical(conn, self._options.where)
         if self._options.mode == "initial" and self.runtime.state_dir is None:
             raise ConfigurationError(
                 "option stateDir is required with startupMode=initial: the snapshot's chunk "

@@ -212,9 +212,12 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
 
 
 @pytest.mark.parametrize("mode", ["initial", "latest"])
-def test_wal_level_replica_is_refused_at_load_for_the_log(replica: Postgres, mode: str) -> None:
+def test_wal_level_replica_is_refused_when_the_stream_starts(replica: Postgres, mode: str) -> None:
+    loaded = data_source(
+        conninfo=replica.conninfo(), tables="items", slotName="s", startupMode=mode
+    )
     with pytest.raises(ConnectorError) as caught:
-        data_source(conninfo=replica.conninfo(), tables="items", slotName="s", startupMode=mode)
+        loaded.streamReader(None)  # Spark's query start, before any batch
     assert str(caught.value) == (
         f"PostgreSQL {where(replica)} has wal_level=replica; change data capture needs "
         "wal_level=logical (set it in postgresql.conf and restart the server), or use "

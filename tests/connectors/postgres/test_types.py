@@ -357,3 +357,45 @@ def test_adapters_load_json_as_text_and_leave_the_global_adapters_alone(
         ).fetchone() == ('{"b": 1}', '{"b": 1}', "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
     with psycopg.connect(postgres.conninfo()) as plain:
         assert plain.execute("SELECT '{\"b\": 1}'::jsonb").fetchone() == ({"b": 1},)
+
+
+def test_a_chunk_read_by_adbc_gives_the_arrays_the_log_path_gives(
+    postgres: Postgres, typed_table: dict[str, Any]
+) -> None:
+    """The snapshot reads chunks with ADBC straight into Arrow; every mapped type must come
+    out as ``to_arrow`` makes it from the loaders' values (what the log emits), NULLs and
+    empty strings apart."""
+    from splitflow.connectors.postgres.snapshot import connect, select_list, to_columns
+
+    kinds: list[ColumnType] = typed_table["kinds"]
+    columns = [(k.column, k) for k in kinds]
+    with connect(postgres.conninfo()) as conn, conn.cursor() as cursor:
+        cursor.execute(f"SELECT {select_list(columns)} FROM all_types ORDER BY id")
+        read = cursor.fetch_arrow_table()
+    copied = to_columns(read, columns, "all_types")
+    expected = to_arrow(typed_table["logged"], kinds)
+    assert read.num_rows == 3
+    for kind, got, want in zip(kinds, copied, expected, strict=True):
+        assert got.type == kind.arrow, kind.column
+        assert repr(got.to_pylist()) == repr(want.to_pylist()), kind.column
+    assert copied[7].to_pylist() == ["héllo ✓", None, ""]  # NULL and '' stay apart
+
+
+@pytest.mark.parametrize("scale", range(19))
+def test_a_chunk_read_keeps_numeric_values_exact_at_every_scale(
+    postgres: Postgres, scale: int
+) -> None:
+    """Older ADBC drivers corrupted some numeric scales; every scale must read exactly."""
+    from splitflow.connectors.postgres.snapshot import connect, select_list, to_columns
+
+    table = f"numeric_scale_{scale}"
+    postgres.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, c numeric(38, {scale}))")
+    values = ["0", "1.01", "1.0123456789", "-98765.4321", "0.000000000000000001", "100000000"]
+    for i, value in enumerate(values):
+        postgres.execute(f"INSERT INTO {table} VALUES ({i}, {value})")
+    kind = TypeMapping.for_column(f"public.{table}", "c", 1700, ((38 << 16) | scale) + 4, "")
+    with connect(postgres.conninfo()) as conn, conn.cursor() as cursor:
+        cursor.execute(f"SELECT {select_list([('c', kind)])} FROM {table} ORDER BY id")
+        (column,) = to_columns(cursor.fetch_arrow_table(), [("c", kind)], table)
+    truth = [Decimal(r[0]) for r in postgres.execute(f"SELECT c FROM {table} ORDER BY id")]
+    assert column.to_pylist() == truth

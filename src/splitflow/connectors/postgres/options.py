@@ -126,21 +126,14 @@ class PostgresOptions:
                 option="tables",
             )
         slot = (get("slotname") or "").strip()
-        if mode != "snapshotOnly":
-            if not slot:
-                raise ConfigurationError(
-                    f"option slotName is required with startupMode={mode}: the query's "
-                    "logical replication slot (created if missing)",
-                    option="slotName",
-                )
-            if not _NAME.fullmatch(slot):
-                raise ConfigurationError(
-                    f"option slotName {slot!r}: use lower-case letters, digits and "
-                    "underscores, at most 63",
-                    option="slotName",
-                )
+        if slot and not _NAME.fullmatch(slot):
+            raise ConfigurationError(
+                f"option slotName {slot!r}: use lower-case letters, digits and underscores, "
+                "at most 63",
+                option="slotName",
+            )
         publication = (get("publicationname") or slot).strip()
-        if mode != "snapshotOnly" and not _NAME.fullmatch(publication):
+        if publication and not _NAME.fullmatch(publication):
             raise ConfigurationError(
                 f"option publicationName {publication!r}: use lower-case letters, digits "
                 "and underscores, at most 63",
@@ -163,6 +156,16 @@ class PostgresOptions:
                 "discoveryInterval", get("discoveryinterval") or "30s"
             ),
         )
+
+    def check_streaming(self) -> None:
+        """What reading the log needs beyond a snapshot: a slot name (a streaming query with
+        ``startupMode`` ``initial`` or ``latest``; ``spark.read`` needs none)."""
+        if self.mode != "snapshotOnly" and not self.slot:
+            raise ConfigurationError(
+                f"option slotName is required with startupMode={self.mode}: the query's "
+                "logical replication slot (created if missing)",
+                option="slotName",
+            )
 
     def matches(self, table: str) -> bool:
         """Whether ``schema.table`` is one of :attr:`tables` or matches one's pattern."""

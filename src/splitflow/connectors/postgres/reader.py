@@ -12,10 +12,11 @@ checkpoint never splits a chunk.
 starts at an LSN in it. ``pg_logical_slot_peek_binary_changes(slot, b, ...)`` decodes the
 slot's changes from its confirmed position up to the first commit at or past ``b``, without
 consuming them, so a retried or replayed task reads the same slice; the driver advances the
-slot once Spark has committed. Before peeking, the reader waits until the WAL is flushed up
-to the insert position it sees (everything that started before ``b`` ended before it), so a
-commit that started before ``b`` is never missed for not being on disk yet. A change is left
-out when its chunk's snapshot already held it (:class:`~.splits.ChunkFilter`).
+slot once Spark has committed. Logical decoding reads only flushed WAL: before peeking, the
+reader makes sure the WAL is flushed up to the insert position it sees (everything that
+started before ``b`` ended before it), committing an empty transaction when something is
+not, so a commit that started before ``b`` is never missed for not being on disk yet. A
+change is left out when its chunk's snapshot already held it (:class:`~.splits.ChunkFilter`).
 
 Values come from pgoutput in text form and go through the same type mapping as the
 snapshot's rows (:mod:`.types`). An unchanged TOASTed value (a large value an ``UPDATE`` did
@@ -25,17 +26,15 @@ not touch, under the default replica identity) comes as null.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
-from psycopg import sql
 
 from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.split import SplitState
-from splitflow.connectors.postgres import catalog, pgoutput
+from splitflow.connectors.postgres import catalog, pgoutput, snapshot
 from splitflow.connectors.postgres.splits import (
     CdcSplit,
     ChunkFilter,
@@ -63,8 +62,6 @@ META = (
     ("table", pa.string()),
 )
 ROWS_PER_BATCH = 8192
-FLUSH_WAIT = 30.0
-"""Seconds a log reader waits for the WAL to be flushed up to the position it saw."""
 
 
 class Piece(NamedTuple):
@@ -79,15 +76,16 @@ class Piece(NamedTuple):
 class CdcEmitter(RecordEmitter[Piece, pa.RecordBatch, CdcSplit]):
     """Emits a piece's rows, reports a chunk's watermark, moves the position."""
 
-    def __init__(self, context: SourceReaderContext) -> None:
+    def __init__(self, context: SourceReaderContext, report_marks: bool) -> None:
         self._context = context
+        self._report_marks = report_marks  # only the switch to the log needs them
 
     def emit(
         self, element: Piece, output: ReaderOutput[pa.RecordBatch], state: SplitState[CdcSplit]
     ) -> None:
         for batch in element.batches:
             output.collect(batch)
-        if element.mark is not None:
+        if element.mark is not None and self._report_marks:
             self._context.send_source_event_to_coordinator(ChunkReadEvent(element.mark))
         state.position = element.next_position
 
@@ -103,35 +101,37 @@ class OutputSchema:
             + [pa.field(n, t) for n, t in META]
         )
 
-    def batch(
+    def batches(
         self,
         table: str,
         names: Sequence[str],
-        values: list[pa.Array],
+        values: Sequence[Any],
+        rows: int,
         op: str | list[str],
         lsn: int | list[int],
         commit_ts: Any,
-    ) -> pa.RecordBatch:
-        """Rows of ``table`` with columns ``names`` (the rest null) and their metadata."""
-        n = len(values[0]) if values else (len(op) if isinstance(op, list) else 0)
-        given = dict(zip(names, values, strict=True))
+    ) -> list[pa.RecordBatch]:
+        """``rows`` rows of ``table`` with columns ``names`` (the rest null) and their
+        metadata; a metadata value that is not a list is the same for every row."""
         for name in names:
             if name not in self.index:
                 raise ConnectorError(
                     f"table {table} has column {name}, which is not in the query's schema "
                     "(it was added after the query started): restart the query"
                 )
+        given = dict(zip(names, values, strict=True))
         arrays = [
-            given[name] if name in given else pa.nulls(n, kind.arrow)
+            given[name] if name in given else pa.nulls(rows, kind.arrow)
             for name, kind in self.columns.items()
         ]
-        arrays.append(pa.array(op if isinstance(op, list) else [op] * n, pa.string()))
-        arrays.append(pa.array(lsn if isinstance(lsn, list) else [lsn] * n, pa.int64()))
-        arrays.append(
-            pa.array(commit_ts if isinstance(commit_ts, list) else [commit_ts] * n, META[2][1])
-        )
-        arrays.append(pa.array([table] * n, pa.string()))
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+        for (_, arrow), value in zip(META, (op, lsn, commit_ts, table), strict=True):
+            arrays.append(
+                pa.array(value, arrow)
+                if isinstance(value, list)
+                else pa.repeat(pa.scalar(value, arrow), rows)
+            )
+        batches: list[pa.RecordBatch] = pa.Table.from_arrays(arrays, schema=self.arrow).to_batches()
+        return batches
 
 
 class CdcSplitReader(SplitReader[Piece, CdcSplit]):
@@ -143,6 +143,8 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         self._schema = OutputSchema(source.columns())
         self._slices: dict[str, SplitSlice[CdcSplit]] = {}
         self._log_at: dict[str, int] = {}  # how far each log split has been read
+        self._wal_sizes: tuple[int, int] | None = None  # WAL page and segment size
+        self._adbc: Any = None  # chunk reads (ADBC); the log and the catalog use psycopg
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -150,6 +152,7 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         is one explicit ``REPEATABLE READ READ ONLY`` transaction."""
         if self._conn is None or self._conn.closed:
             self._conn = catalog.connect(self._options, autocommit=True)
+            self._conn.execute("SET synchronous_commit = on")  # see _read_log
             self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             self._conn.read_only = True
         return self._conn
@@ -166,69 +169,70 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         pass  # every fetch returns after one bounded read
 
     def fetch(self) -> RecordsBySplits[Piece]:
+        """One chunk (so its rows go out before the next is read), or the log once."""
         out: RecordsBySplits[Piece] = RecordsBySplits()
-        for split_id, piece in list(self._slices.items()):
-            split = piece.split
-            if isinstance(split, ChunkSplit):
-                if piece.stop is not None and piece.stop <= split.position:
-                    out.mark_finished(split_id)
-                else:
-                    out.add(split_id, self._read_chunk(split))
-                    out.mark_ended(split_id)
+        chunks = [p for p in self._slices.values() if isinstance(p.split, ChunkSplit)]
+        logs = [p for p in self._slices.values() if isinstance(p.split, LogSplit)]
+        if chunks:
+            piece, split = chunks[0], chunks[0].split
+            assert isinstance(split, ChunkSplit)
+            if piece.stop is not None and piece.stop <= split.position:
+                out.mark_finished(split.split_id)  # held back: not in this batch
             else:
-                self._read_log(piece, out)  # type: ignore[arg-type]
-                if split_id not in out.finished:
-                    continue
-            del self._slices[split_id]
+                out.add(split.split_id, self._read_chunk(split))
+                out.mark_ended(split.split_id)
+            del self._slices[split.split_id]
+        for piece in logs:
+            self._read_log(piece, out)  # type: ignore[arg-type]
+            if piece.split_id in out.finished:
+                del self._slices[piece.split_id]
         return out
 
     # -- chunks --------------------------------------------------------------------------------
 
     def _read_chunk(self, split: ChunkSplit) -> Piece:
-        conn = self._connection()
-        table = self._source.table(split.table, conn)
-        names = [name for name, _ in table.columns]
-        kinds = [kind for _, kind in table.columns]
-        query = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(sql.Identifier(n) for n in names), catalog.quoted(split.table)
+        table = self._source.tables.get(split.table) or self._source.table(
+            split.table, self._connection()
         )
-        conditions, params = [], []
-        key = sql.Identifier(split.key) if split.key else None
-        if key is not None and split.lo is not None:
-            conditions.append(sql.SQL("{} >= %s").format(key))
-            params.append(split.lo)
-        if key is not None and split.hi is not None:
-            conditions.append(sql.SQL("{} < %s").format(key))
-            params.append(split.hi)
+        names = [name for name, _ in table.columns]
+        query = f"SELECT {snapshot.select_list(table.columns)} FROM {_quoted(split.table)}"
+        conditions = []
+        if split.key and split.lo is not None:
+            conditions.append(f"{snapshot.quote(split.key)} >= {int(split.lo)}")
+        if split.key and split.hi is not None:
+            conditions.append(f"{snapshot.quote(split.key)} < {int(split.hi)}")
         if conditions:
-            query = query + sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
-        batches = []
+            query += " WHERE " + " AND ".join(conditions)
+        if self._adbc is None:
+            self._adbc = snapshot.connect(self._options.conninfo)
+        conn = self._adbc
         try:
-            with conn.transaction():
-                row = conn.execute(
+            with conn.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cursor.execute(
                     "SELECT pg_current_snapshot()::text, "
                     "pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
-                ).fetchone()
-                assert row is not None
-                xmin, xmax, xip = _snapshot(row[0])
-                at = int(row[1])
-                with conn.cursor(name=f"splitflow_chunk_{split.index}") as cursor:
-                    cursor.itersize = ROWS_PER_BATCH
-                    cursor.execute(query, params)
-                    while rows := cursor.fetchmany(ROWS_PER_BATCH):
-                        batches.append(
-                            self._schema.batch(
-                                split.table, names, to_arrow(rows, kinds), "r", at, None
-                            )
-                        )
-                high = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
-        except psycopg.errors.UndefinedTable:
-            raise ConnectorError(
-                f"chunk {split.split_id}: table {split.table} no longer exists"
-            ) from None
-        assert high is not None
+                )
+                snapshot_text, at = cursor.fetchone()
+                cursor.execute(query)
+                rows = cursor.fetch_arrow_table()
+                cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+                (high,) = cursor.fetchone()
+        except Exception as e:
+            if getattr(e, "sqlstate", None) == "42P01":
+                raise ConnectorError(
+                    f"chunk {split.split_id}: table {split.table} no longer exists"
+                ) from None
+            raise
+        finally:
+            conn.rollback()  # read only: nothing to commit; the next chunk starts afresh
+        xmin, xmax, xip = _snapshot(snapshot_text)
+        columns = snapshot.to_columns(rows, table.columns, f"chunk {split.split_id}")
+        batches = self._schema.batches(
+            split.table, names, columns, rows.num_rows, "r", int(at), None
+        )
         mark = ChunkMark(
-            split.split_id, split.table, split.lo, split.hi, xmin, xmax, xip, int(high[0])
+            split.split_id, split.table, split.lo, split.hi, xmin, xmax, xip, int(high)
         )
         return Piece(batches, 1, mark)
 
@@ -245,14 +249,11 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         stop = insert if piece.stop is None else piece.stop
         if stop <= start:
             return
-        waited = time.monotonic()
-        while _lsn(conn, "pg_current_wal_flush_lsn()") < insert:
-            if time.monotonic() - waited > FLUSH_WAIT:
-                raise ConnectorError(
-                    f"split {split.split_id}: the WAL was not flushed up to "
-                    f"{pgoutput.format_lsn(insert)} within {FLUSH_WAIT:g}s"
-                )
-            time.sleep(0.005)
+        if _lsn(conn, "pg_current_wal_flush_lsn()") < self._written_to(conn, insert):
+            # WAL that no commit flushed yet (a standby snapshot record, an asynchronous
+            # commit): flush it with an empty transaction's synchronous commit, so that every
+            # commit record that starts before the stop is on disk and decodable.
+            conn.execute("SELECT txid_current()")
         pieces = LogDecoder(self._schema, [mark_of(m) for m in split.marks]).read(
             conn, self._options.slot, self._options.publication, start, stop
         )
@@ -261,10 +262,33 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         if piece.stop is not None:
             out.mark_finished(split.split_id)
 
+    def _written_to(self, conn: psycopg.Connection[Any], insert: int) -> int:
+        """Where the last WAL record before the insert position ``insert`` ends.
+
+        That is ``insert`` itself, unless no record has been written on ``insert``'s page
+        yet: the insert position then points past the page's header, while the records
+        before it end at the page's start (and the flush position stays there until more
+        WAL is written).
+        """
+        if self._wal_sizes is None:
+            row = conn.execute(
+                "SELECT current_setting('wal_block_size')::int, "
+                "pg_size_bytes(current_setting('wal_segment_size'))"
+            ).fetchone()
+            assert row is not None
+            self._wal_sizes = (int(row[0]), int(row[1]))
+        block, segment = self._wal_sizes
+        header = 40 if insert % segment < block else 24  # long header on a segment's 1st page
+        within = insert % block
+        return insert - within if within <= header else insert
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._adbc is not None:
+            self._adbc.close()
+            self._adbc = None
 
 
 class LogDecoder:
@@ -386,21 +410,22 @@ class LogDecoder:
             relation = self._relations[oid]
             table = f"{relation.namespace}.{relation.name}"
             names = [c.name for c in relation.columns]
-            columns = [
-                pa.array([change[3][i] for change in changes], self._schema.columns[name].arrow)
-                for i, name in enumerate(names)
-            ]
-            batches.append(
-                self._schema.batch(
-                    table,
-                    names,
-                    columns,
-                    [c[0] for c in changes],
-                    [c[1] for c in changes],
-                    [c[2] for c in changes],
-                )
+            columns = to_arrow([c[3] for c in changes], [self._schema.columns[n] for n in names])
+            batches += self._schema.batches(
+                table,
+                names,
+                columns,
+                len(changes),
+                [c[0] for c in changes],
+                [c[1] for c in changes],
+                [c[2] for c in changes],
             )
         return batches
+
+
+def _quoted(table: str) -> str:
+    schema, name = table.split(".", 1)
+    return f"{snapshot.quote(schema)}.{snapshot.quote(name)}"
 
 
 def _lsn(conn: psycopg.Connection[Any], function: str) -> int:
@@ -418,4 +443,5 @@ def _snapshot(text: str) -> tuple[int, int, tuple[int, ...]]:
 def create_cdc_reader(
     source: PostgresCdcSource, context: SourceReaderContext
 ) -> SourceReader[pa.RecordBatch, CdcSplit]:
-    return SourceReaderBase(lambda: CdcSplitReader(source), CdcEmitter(context), context)
+    emitter = CdcEmitter(context, report_marks=source.options.mode == "initial")
+    return SourceReaderBase(lambda: CdcSplitReader(source), emitter, context)

@@ -67,6 +67,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
         state: CdcState | None,
     ) -> None:
         options = source.options
+        options.check_streaming()
         state = state or CdcState(AssignerState())
         super().__init__(
             context,
