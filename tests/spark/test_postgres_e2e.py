@@ -208,6 +208,12 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         for job in jobs:
             job.close()
     assert writer.changes > 50, "the writer made too few changes to test anything"
+    secret = "s3cret-pw"  # in the jobs' arguments (the log's "$ jobs" lines), nowhere else
+    for path in [*checkpoint.rglob("*"), *(tmp_path / "state").rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"the password is in {path}"
+    logged = (tmp_path / "jobs.log").read_text().splitlines()
+    assert not [line for line in logged if secret in line and not line.startswith("$ jobs")]
     final = {k: (v, p) for k, v, p in postgres.execute(f"SELECT id, version, payload FROM {table}")}
     rows = sink_in_batch_order(out)
     check_histories(rows, final)
