@@ -611,3 +611,32 @@ def test_the_slot_is_confirmed_only_up_to_a_completed_checkpoint(case: Case) -> 
     rows = finish(harness)
     assert sorted(r["id"] for r in rows if r["op"] == "c") == [1000, 1001, 1002]
     assert sorted(r["id"] for r in rows if r["op"] == "r") == list(range(1, 101))
+
+
+def test_a_pattern_that_matches_nothing_yet_starts_with_an_empty_publication(
+    postgres: Postgres,
+) -> None:
+    options = PostgresOptions.parse(
+        {
+            "conninfo": postgres.conninfo(),
+            "tables": "public.nothing_yet_*",
+            "slotName": "cdc_empty_pattern",
+            "startupMode": "latest",
+        }
+    )
+    harness = SourceHarness(PostgresCdcSource(options, []), 1)
+    try:
+        harness.read_available()
+        harness.raise_if_failed()
+        published = postgres.execute(
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'cdc_empty_pattern'"
+        )
+        made = postgres.execute(
+            "SELECT count(*) FROM pg_publication WHERE pubname = 'cdc_empty_pattern'"
+        )
+        assert (made, published) == ([(1,)], [(0,)])
+        assert [s for ss in harness.reader_splits().values() for s in ss] == [
+            LogSplit("cdc_empty_pattern", harness.reader_splits()[0][0].position)
+        ]
+    finally:
+        harness.close()

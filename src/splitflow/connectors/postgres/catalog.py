@@ -125,11 +125,12 @@ def ensure_publication(
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     try:
         if exists is None:
-            conn.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                    sql.Identifier(name), sql.SQL(", ").join(quoted(t) for t in tables)
+            create = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
+            if tables:  # none yet (a pattern that matches nothing so far): an empty one
+                create += sql.SQL(" FOR TABLE {}").format(
+                    sql.SQL(", ").join(quoted(t) for t in tables)
                 )
-            )
+            conn.execute(create)
             return
         published = {
             f"{s}.{t}"
