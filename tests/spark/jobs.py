@@ -85,8 +85,6 @@ def positions(progress: dict[str, Any] | None) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     spark = driver_session("splitflow-e2e-job")
-    # One sink log file per batch (no compaction), so tests can read the sink batch by batch.
-    spark.conf.set("spark.sql.streaming.fileSink.log.compactInterval", "100000")
     from tests.spark.sources import TEST_SOURCES
 
     from splitflow.spark import register

@@ -75,18 +75,24 @@ class Writer(threading.Thread):
 
 
 def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
-    """Every row the file sink committed, batch by batch (by ``lsn`` within a batch)."""
+    """Every row the file sink committed, in batch order (by ``lsn`` within a file).
+
+    The committed files are those in the sink's log (``_spark_metadata``, whose older
+    batches are compacted into ``N.compact`` files); a batch's files are written after the
+    batch before it committed, so their modification times order the batches. A key's rows
+    of one batch come from one task, hence one file.
+    """
+    entries = {}
+    for log in (out / "_spark_metadata").iterdir():
+        if log.name.startswith("."):
+            continue
+        for line in log.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            entries[entry["path"]] = entry["modificationTime"]
     rows: list[dict[str, Any]] = []
-    metadata = out / "_spark_metadata"
-    names = [p.name for p in metadata.iterdir() if not p.name.startswith(".")]
-    assert all(n.isdigit() for n in names), f"a compacted sink log: {names}"
-    for batch in sorted(int(n) for n in names):
-        files = [
-            json.loads(line)["path"].removeprefix("file://")
-            for line in (metadata / str(batch)).read_text().splitlines()[1:]
-        ]
-        batch_rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-        rows.extend(sorted(batch_rows, key=lambda r: r["lsn"]))
+    for path, _ in sorted(entries.items(), key=lambda item: (item[1], item[0])):
+        table = pq.read_table(path.removeprefix("file://"))
+        rows.extend(sorted(table.to_pylist(), key=lambda r: r["lsn"]))
     return rows
 
 

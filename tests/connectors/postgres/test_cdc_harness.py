@@ -640,3 +640,15 @@ def test_a_pattern_that_matches_nothing_yet_starts_with_an_empty_publication(
         ]
     finally:
         harness.close()
+
+
+def test_a_truncate_is_not_emitted_and_the_log_goes_on(case: Case) -> None:
+    make_table(case.pg, case.table, range(1, 101))
+    harness = SourceHarness(case.source(chunk_size=50), 2)
+    harness.read_available()
+    harness.complete(harness.checkpoint())
+    case.pg.execute(f"TRUNCATE {case.table}")
+    case.pg.execute(f"INSERT INTO {case.table} VALUES (500, 5, 'after')")
+    rows = finish(harness)
+    assert sorted(r["id"] for r in rows if r["op"] == "r") == list(range(1, 101))
+    assert [(r["op"], r["id"]) for r in rows if r["op"] != "r"] == [("c", 500)]

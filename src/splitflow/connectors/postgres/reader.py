@@ -26,7 +26,7 @@ not touch, under the default replica identity) comes as null.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -254,13 +254,19 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             # commit): flush it with an empty transaction's synchronous commit, so that every
             # commit record that starts before the stop is on disk and decodable.
             conn.execute("SELECT txid_current()")
-        pieces = LogDecoder(self._schema, [mark_of(m) for m in split.marks]).read(
+        marks = [mark_of(m) for m in split.marks]
+        pieces = LogDecoder(self._schema, marks, self._key_of).read(
             conn, self._options.slot, self._options.publication, start, stop
         )
         self._log_at[split.split_id] = stop
         out.add_all(split.split_id, pieces)
         if piece.stop is not None:
             out.mark_finished(split.split_id)
+
+    def _key_of(self, table: str) -> Sequence[str]:
+        """The primary key columns of ``table`` (a table found later: from the server)."""
+        known = self._source.tables.get(table)
+        return (known or self._source.table(table, self._connection())).key
 
     def _written_to(self, conn: psycopg.Connection[Any], insert: int) -> int:
         """Where the last WAL record before the insert position ``insert`` ends.
@@ -295,8 +301,14 @@ class LogDecoder:
     """Turns the slot's pgoutput messages of a slice into pieces of rows, one or more whole
     transactions per piece, leaving out the changes chunks already held."""
 
-    def __init__(self, schema: OutputSchema, marks: Sequence[ChunkMark]) -> None:
+    def __init__(
+        self,
+        schema: OutputSchema,
+        marks: Sequence[ChunkMark],
+        key_of: Callable[[str], Sequence[str]],
+    ) -> None:
         self._schema = schema
+        self._key_of = key_of  # table -> its primary key columns
         self._filter = ChunkFilter(marks)
         self._relations: dict[int, pgoutput.Relation] = {}
         self._converters: dict[int, list[ColumnType | None]] = {}
@@ -357,20 +369,27 @@ class LogDecoder:
         relation = self._relations[message.relation_oid]
         table = f"{relation.namespace}.{relation.name}"
         names = [c.name for c in relation.columns]
-        keys = [names.index(c.name) for c in relation.columns if c.is_key]
+        # The primary key (the chunks are cut by it), not pgoutput's key flags: those mark
+        # the replica identity, every column under REPLICA IDENTITY FULL.
+        keys = [names.index(k) for k in self._key_of(table)]
         events: list[tuple[str, pgoutput.TupleData]] = []
+        old = None if isinstance(message, pgoutput.Insert) else message.key or message.old
         if isinstance(message, pgoutput.Delete):
-            old = message.key if message.key is not None else message.old
             assert old is not None
             events.append(("d", old))
         elif isinstance(message, pgoutput.Insert):
             events.append(("c", message.new))
         else:
-            old = message.key if message.key is not None else message.old
-            if old is not None and any(old[i] != message.new[i] for i in keys):
-                events += [("d", old), ("c", message.new)]  # the primary key changed
+            new = message.new
+            if message.old is not None:  # REPLICA IDENTITY FULL: the old row is whole
+                new = tuple(
+                    was if now is pgoutput.UNCHANGED_TOAST else now
+                    for now, was in zip(new, message.old, strict=True)
+                )
+            if old is not None and any(old[i] != new[i] for i in keys):
+                events += [("d", old), ("c", new)]  # the primary key changed
             else:
-                events.append(("u", message.new))
+                events.append(("u", new))
         emitted = 0
         for op, values in events:
             converted = self._convert(relation, table, values)
