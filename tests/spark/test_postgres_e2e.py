@@ -209,6 +209,12 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         assert run2.finish(240) == 0, run2.lines
         assert "CAUGHT-UP" in run2.lines
         assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
+        if kill_at == "snapshot":  # run 2's first plan: the unread chunks over its slots
+            slots = json.loads(offset_text(killed + 1).splitlines()[2])["slots"]
+            chunks = [sum(1 for s in slot if s[1]["kind"] == "chunk") for slot in slots]
+            assert len(chunks) == parallelism_after
+            assert min(chunks) >= 1, f"a slot without chunks to read: {chunks}"
+            assert max(chunks) - min(chunks) <= 1, f"chunks unbalanced over slots: {chunks}"
     finally:
         writer.stop()
         for job in jobs:
