@@ -37,7 +37,7 @@ elif [ ! -f /usr/share/java/postgresql.jar ] && [ "$(id -u)" = 0 ] \
     { apt-get install -y -qq libpostgresql-jdbc-java >/dev/null 2>&1 \
         || { apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; }; } \
         || echo "bootstrap: warning: could not install libpostgresql-jdbc-java;" \
-            "the JDBC benchmark will be skipped" >&2
+            "bench/pg_snapshot.py compares with a psycopg COPY loop instead of Spark JDBC" >&2
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
