@@ -652,3 +652,24 @@ def test_a_truncate_is_not_emitted_and_the_log_goes_on(case: Case) -> None:
     rows = finish(harness)
     assert sorted(r["id"] for r in rows if r["op"] == "r") == list(range(1, 101))
     assert [(r["op"], r["id"]) for r in rows if r["op"] != "r"] == [("c", 500)]
+
+
+def test_the_enumerator_reconnects_after_the_server_dropped_its_connection(case: Case) -> None:
+    make_table(case.pg, case.table, range(1, 11))
+    harness = SourceHarness(case.source(chunk_size=50), 1)
+    try:
+        harness.read_available()
+        harness.complete(harness.checkpoint())
+        log = next(s for ss in harness.reader_splits().values() for s in ss)
+        enumerator = harness.coordinator.enumerator
+        enumerator.latest_positions([log])  # the driver's connection is open now
+        case.pg.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+            "AND query LIKE '%%pg_current_wal_insert_lsn%%'"
+        )
+        case.pg.execute(f"INSERT INTO {case.table} VALUES (99, 1, 'x')")
+        extent = enumerator.latest_positions([log])[log.split_id]
+        assert extent.latest > log.position
+    finally:
+        harness.close()

@@ -217,16 +217,18 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
         return extents
 
     def _wal_positions(self) -> tuple[int, int | None]:
-        row = (
-            self._connection()
-            .execute(
-                "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn, "
-                "(SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
-                " WHERE slot_name = %s)",
-                (self._options.slot,),
-            )
-            .fetchone()
+        """The WAL insert position and the slot's confirmed one (None: no such slot). A
+        connection the server dropped (a restart) is made again once."""
+        query = (
+            "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn, "
+            "(SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
+            " WHERE slot_name = %s)"
         )
+        try:
+            row = self._connection().execute(query, (self._options.slot,)).fetchone()
+        except psycopg.OperationalError:
+            self.close()
+            row = self._connection().execute(query, (self._options.slot,)).fetchone()
         assert row is not None
         return int(row[0]), None if row[1] is None else int(row[1])
 
