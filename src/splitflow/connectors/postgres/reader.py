@@ -3,10 +3,10 @@ slot with the SQL functions of logical decoding.
 
 **Chunks.** A chunk is read in one ``REPEATABLE READ`` transaction: its snapshot (``xmin``,
 ``xmax``, transactions in progress) and the WAL insert position come from the first
-statement, the rows from a server-side cursor, and the insert position after the rows is the
-chunk's ``high`` mark. The rows (``op = 'r'``, ``lsn`` = the position at the snapshot) and
-the :class:`~.splits.ChunkReadEvent` leave the reader together, as one element, so a
-checkpoint never splits a chunk.
+statement, the rows straight into Arrow from the ADBC driver (:mod:`.snapshot`), and the
+insert position after the rows is the chunk's ``high`` mark. The rows (``op = 'r'``,
+``lsn`` = the position at the snapshot) and the :class:`~.splits.ChunkReadEvent` leave the
+reader together, as one element, so a checkpoint never splits a chunk.
 
 **The log.** The slice ``[a, b)`` of the log split is every transaction whose commit record
 starts at an LSN in it. ``pg_logical_slot_peek_binary_changes(slot, b, ...)`` decodes the
@@ -19,13 +19,13 @@ not, so a commit that started before ``b`` is never missed for not being on disk
 change is left out when its chunk's snapshot already held it (:class:`~.splits.ChunkFilter`).
 
 Values come from pgoutput in text form and go through the same type mapping as the
-snapshot's rows (:mod:`.types`). An unchanged TOASTed value (a large value an ``UPDATE`` did
-not touch, under the default replica identity) comes as null.
+snapshot's rows (:mod:`.types`). A change is keyed by the table's primary key (pgoutput's
+key flags mark the replica identity instead). An unchanged TOASTed value (a large value an
+``UPDATE`` did not touch) comes as null, or from the old row under ``REPLICA IDENTITY FULL``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -52,8 +52,6 @@ from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSli
 
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
-
-log = logging.getLogger("splitflow.postgres")
 
 META = (
     ("op", pa.string()),
@@ -311,7 +309,7 @@ class LogDecoder:
         self._key_of = key_of  # table -> its primary key columns
         self._filter = ChunkFilter(marks)
         self._relations: dict[int, pgoutput.Relation] = {}
-        self._converters: dict[int, list[ColumnType | None]] = {}
+        self._converters: dict[int, list[ColumnType]] = {}
 
     def read(
         self, conn: psycopg.Connection[Any], slot: str, publication: str, start: int, stop: int
@@ -417,8 +415,8 @@ class LogDecoder:
                 self._schema.columns[c.name] for c in relation.columns
             ]
         return [
-            v.from_text(raw) if isinstance(raw, bytes) and v is not None else None
-            for v, raw in zip(kinds, values, strict=True)
+            kind.from_text(raw) if isinstance(raw, bytes) else None
+            for kind, raw in zip(kinds, values, strict=True)
         ]
 
     def _batches(

@@ -56,8 +56,9 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
 
     Tables that match ``tables`` after the log started are snapshotted too while the log
     runs, without watermarks: a change made to one between its addition to the publication
-    and its chunk's read may come both as a change and inside its snapshot row (``op=r``),
-    in that order, so an upsert by key ends exact.
+    and its chunk's read may come both as a change and inside its snapshot row (``op=r``);
+    an upsert by key that keeps the highest ``lsn`` ends exact (``docs/postgres-cdc.md``
+    names the one race it misses).
     """
 
     def __init__(
