@@ -50,13 +50,6 @@ class ChunkSplit:
     def split_id(self) -> str:
         return f"{self.table}#{self.index}"
 
-    def holds(self, key: object) -> bool:
-        """Whether a row with this primary key value belongs to the chunk."""
-        if self.lo is None and self.hi is None:
-            return True
-        assert isinstance(key, int)
-        return (self.lo is None or key >= self.lo) and (self.hi is None or key < self.hi)
-
 
 @dataclass(frozen=True)
 class ChunkMark:
