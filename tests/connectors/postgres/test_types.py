@@ -399,3 +399,18 @@ def test_a_chunk_read_keeps_numeric_values_exact_at_every_scale(
         (column,) = to_columns(cursor.fetch_arrow_table(), [("c", kind)], table)
     truth = [Decimal(r[0]) for r in postgres.execute(f"SELECT c FROM {table} ORDER BY id")]
     assert column.to_pylist() == truth
+
+
+def test_the_chunk_connection_fails_naming_the_server_and_not_the_password(
+    postgres: Postgres,
+) -> None:
+    from splitflow.connectors.postgres.snapshot import connect
+    from splitflow.errors import ConnectorError
+
+    wrong = postgres.conninfo(password="not-the-pw-1234")
+    with pytest.raises(ConnectorError) as caught:
+        connect(wrong, "splitflow@127.0.0.1/splitflow")
+    message = str(caught.value)
+    assert message.startswith("cannot connect to PostgreSQL splitflow@127.0.0.1/splitflow (ADBC):")
+    assert "password authentication failed" in message
+    assert "not-the-pw-1234" not in message

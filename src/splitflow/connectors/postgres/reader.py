@@ -202,7 +202,7 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         if self._adbc is None:
-            self._adbc = snapshot.connect(self._options.conninfo)
+            self._adbc = snapshot.connect(self._options.conninfo, self._options.where)
         conn = self._adbc
         try:
             with conn.cursor() as cursor:

@@ -69,8 +69,20 @@ def to_columns(
     return arrays
 
 
-def connect(conninfo: str) -> Any:
-    """An ADBC DB-API connection (not autocommit: each chunk is one transaction)."""
-    import adbc_driver_postgresql.dbapi as adbc
+def connect(conninfo: str, where: str = "") -> Any:
+    """An ADBC DB-API connection (not autocommit: each chunk is one transaction).
 
-    return adbc.connect(conninfo)
+    A failure is a :class:`~splitflow.errors.ConnectorError` naming the server (``where``,
+    as ``user@host:port/db``) and the driver's reason, with the password taken out.
+    """
+    import adbc_driver_postgresql.dbapi as adbc
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return adbc.connect(conninfo)
+    except Exception as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        password = str(conninfo_to_dict(conninfo).get("password") or "")
+        if password:
+            reason = reason.replace(password, "***")
+        raise ConnectorError(f"cannot connect to PostgreSQL {where} (ADBC): {reason}") from None
