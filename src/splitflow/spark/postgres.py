@@ -43,10 +43,11 @@ class PostgresCdcDataSource(SplitflowDataSource):
         return "splitflow-postgres-cdc"
 
     def schema(self) -> str:
-        columns = self.create_source().columns()
-        body = [f"`{name}` {kind.spark}" for name, kind in columns]
-        body += ["`op` string", "`lsn` bigint", "`commit_ts` timestamp", "`table` string"]
-        return ", ".join(body)
+        from splitflow.connectors.postgres.types import METADATA
+
+        columns = [(name, kind.spark) for name, kind in self.create_source().columns()]
+        columns += [(name, spark) for name, _, spark in METADATA]
+        return ", ".join(f"`{name}` {spark}" for name, spark in columns)
 
     def create_source(self) -> PostgresCdcSource:
         from splitflow.connectors.postgres.source import PostgresCdcSource

@@ -30,9 +30,22 @@ def connect(options: PostgresOptions, **kwargs: Any) -> psycopg.Connection[Any]:
     try:
         conn = psycopg.connect(options.conninfo, context=adapters(), **kwargs)
     except psycopg.OperationalError as e:
-        reason = " ".join(str(e).split()) or type(e).__name__
-        raise ConnectorError(f"cannot connect to PostgreSQL {options.where}: {reason}") from None
+        raise connect_failed(options.conninfo, options.where, e) from None
     return conn
+
+
+def connect_failed(
+    conninfo: str, where: str, error: BaseException, driver: str = ""
+) -> ConnectorError:
+    """The error of a connection that failed: the server and the driver's reason, on one
+    line, with the password taken out."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    reason = " ".join(str(error).split()) or type(error).__name__
+    password = str(conninfo_to_dict(conninfo).get("password") or "")
+    if password:
+        reason = reason.replace(password, "***")
+    return ConnectorError(f"cannot connect to PostgreSQL {where}{driver}: {reason}")
 
 
 def quoted(table: str) -> sql.Composed:

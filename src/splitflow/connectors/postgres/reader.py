@@ -44,7 +44,7 @@ from splitflow.connectors.postgres.splits import (
     LogSplit,
     mark_of,
 )
-from splitflow.connectors.postgres.types import ColumnType, to_arrow
+from splitflow.connectors.postgres.types import METADATA, ColumnType, to_arrow
 from splitflow.errors import ConnectorError
 from splitflow.reader.base import SourceReaderBase
 from splitflow.reader.emitter import RecordEmitter
@@ -53,12 +53,6 @@ from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSli
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
 
-META = (
-    ("op", pa.string()),
-    ("lsn", pa.int64()),
-    ("commit_ts", pa.timestamp("us", "UTC")),
-    ("table", pa.string()),
-)
 ROWS_PER_BATCH = 8192
 
 
@@ -93,10 +87,9 @@ class OutputSchema:
 
     def __init__(self, columns: Sequence[tuple[str, ColumnType]]) -> None:
         self.columns = dict(columns)
-        self.index = {name: i for i, name in enumerate(self.columns)}
         self.arrow = pa.schema(
             [pa.field(n, k.arrow) for n, k in self.columns.items()]
-            + [pa.field(n, t) for n, t in META]
+            + [pa.field(n, t) for n, t, _ in METADATA]
         )
 
     def batches(
@@ -112,7 +105,7 @@ class OutputSchema:
         """``rows`` rows of ``table`` with columns ``names`` (the rest null) and their
         metadata; a metadata value that is not a list is the same for every row."""
         for name in names:
-            if name not in self.index:
+            if name not in self.columns:
                 raise ConnectorError(
                     f"table {table} has column {name}, which is not in the query's schema "
                     "(it was added after the query started): restart the query"
@@ -122,7 +115,7 @@ class OutputSchema:
             given[name] if name in given else pa.nulls(rows, kind.arrow)
             for name, kind in self.columns.items()
         ]
-        for (_, arrow), value in zip(META, (op, lsn, commit_ts, table), strict=True):
+        for (_, arrow, _), value in zip(METADATA, (op, lsn, commit_ts, table), strict=True):
             arrays.append(
                 pa.array(value, arrow)
                 if isinstance(value, list)

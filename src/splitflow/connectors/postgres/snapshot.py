@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from splitflow.connectors.postgres.catalog import connect_failed
 from splitflow.connectors.postgres.types import ColumnType
 from splitflow.errors import ConnectorError
 
@@ -76,13 +77,8 @@ def connect(conninfo: str, where: str = "") -> Any:
     as ``user@host:port/db``) and the driver's reason, with the password taken out.
     """
     import adbc_driver_postgresql.dbapi as adbc
-    from psycopg.conninfo import conninfo_to_dict
 
     try:
         return adbc.connect(conninfo)
     except Exception as e:
-        reason = " ".join(str(e).split()) or type(e).__name__
-        password = str(conninfo_to_dict(conninfo).get("password") or "")
-        if password:
-            reason = reason.replace(password, "***")
-        raise ConnectorError(f"cannot connect to PostgreSQL {where} (ADBC): {reason}") from None
+        raise connect_failed(conninfo, where, e, " (ADBC)") from None

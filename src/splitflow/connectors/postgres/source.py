@@ -39,10 +39,8 @@ from splitflow.connectors.postgres.splits import (
     LogSplit,
     mark_tuple,
 )
-from splitflow.connectors.postgres.types import ColumnType
+from splitflow.connectors.postgres.types import METADATA, ColumnType
 from splitflow.errors import ConfigurationError, ConnectorError, DataLossError
-
-RESERVED = ("op", "lsn", "commit_ts", "table")
 
 log = logging.getLogger("splitflow.postgres")
 
@@ -312,12 +310,13 @@ class PostgresCdcSource(
     def columns(self) -> list[tuple[str, ColumnType]]:
         """The union of the tables' columns by name, in first-seen order."""
         union: dict[str, tuple[str, ColumnType]] = {}
+        reserved = [name for name, _, _ in METADATA]
         for table in self.tables.values():
             for name, kind in table.columns:
-                if name in RESERVED:
+                if name in reserved:
                     raise ConfigurationError(
                         f"option tables: table {table.name} has a column named {name}, which "
-                        f"the source adds to every row ({', '.join(RESERVED)})",
+                        f"the source adds to every row ({', '.join(reserved)})",
                         option="tables",
                     )
                 first = union.setdefault(name, (table.name, kind))
