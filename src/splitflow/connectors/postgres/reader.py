@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
+from psycopg import sql
 
 from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.split import SplitState
@@ -186,12 +187,14 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             split.table, self._connection()
         )
         names = [name for name, _ in table.columns]
-        query = f"SELECT {snapshot.select_list(table.columns)} FROM {_quoted(split.table)}"
+        query = f"SELECT {snapshot.select_list(table.columns)} FROM "
+        query += catalog.quoted(split.table).as_string()
+        key = sql.Identifier(split.key).as_string() if split.key else None
         conditions = []
-        if split.key and split.lo is not None:
-            conditions.append(f"{snapshot.quote(split.key)} >= {int(split.lo)}")
-        if split.key and split.hi is not None:
-            conditions.append(f"{snapshot.quote(split.key)} < {int(split.hi)}")
+        if key is not None and split.lo is not None:
+            conditions.append(f"{key} >= {int(split.lo)}")
+        if key is not None and split.hi is not None:
+            conditions.append(f"{key} < {int(split.hi)}")
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         if self._adbc is None:
@@ -431,11 +434,6 @@ class LogDecoder:
                 [c[2] for c in changes],
             )
         return batches
-
-
-def _quoted(table: str) -> str:
-    schema, name = table.split(".", 1)
-    return f"{snapshot.quote(schema)}.{snapshot.quote(name)}"
 
 
 def _lsn(conn: psycopg.Connection[Any], function: str) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from psycopg import sql
 
 from splitflow.connectors.postgres.catalog import connect_failed
 from splitflow.connectors.postgres.types import ColumnType
@@ -35,11 +36,6 @@ less than ADBC's own conversion costs (0.09 against 0.25 CPU seconds per million
 measured), and pyarrow casts the text to the column's decimal."""
 
 
-def quote(name: str) -> str:
-    """``name`` as an SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def select_list(columns: Sequence[tuple[str, ColumnType]]) -> str:
     """The ``SELECT`` list of a chunk: each column as :func:`to_columns` expects it."""
     items = []
@@ -47,7 +43,8 @@ def select_list(columns: Sequence[tuple[str, ColumnType]]) -> str:
         cast = ""
         if kind.type_oid in AS_TEXT or "citext" in kind.type_name.lower():
             cast = "::text[]" if pa.types.is_list(kind.arrow) else "::text"
-        items.append(f"{quote(name)}{cast} AS {quote(name)}")
+        column = sql.Identifier(name).as_string()
+        items.append(f"{column}{cast} AS {column}")
     return ", ".join(items)
 
 
