@@ -108,3 +108,66 @@ def test_inspect_shows_long_split_ids_whole_or_by_their_end() -> None:
     table = format_table([SourceState(3, True, 0, 3, False, 1, rows)])
     assert "/data/a/events-000001.parquet " in table
     assert "events-000057.parquet" in table
+
+
+def hand_written_offset(**extra: object) -> dict[str, object]:
+    """An offset as the planner encodes it: slot 0 reads ``a``, slot 1 reads ``b``, the
+    enumerator holds ``u`` and has finished ``f``."""
+    return {
+        "splitflow": 1,
+        "seq": 4,
+        "codecs": [1, 1],
+        "enumerator": {"unassigned": {"u": {"position": 3}}, "finished": ["f"]},
+        "slots": [[["a", {"position": 10}, 14]], [["b", {"position": 0}, 2]]],
+        "backlog": False,
+        **extra,
+    }
+
+
+A_TIME = 1_795_279_037_365_000  # 2026-11-21T16:37:17.365 UTC, in microseconds
+B_TIME = A_TIME + 44_635_000
+
+
+def test_inspect_shows_each_held_split_s_watermark_from_the_offset(tmp_path: Path) -> None:
+    offset = hand_written_offset(event_times={"a": A_TIME, "b": B_TIME})
+    write_checkpoint(tmp_path, [offset], committed=0)
+    [state] = read_checkpoint(str(tmp_path))
+    rows = {r.split_id: r for r in state.splits}
+    assert {sid: r.watermark for sid, r in rows.items()} == {
+        "a": A_TIME,
+        "b": B_TIME,
+        "u": None,
+        "f": None,
+    }
+    lines = format_table([state]).splitlines()
+    assert lines[1].endswith(" watermark")
+    [a_line] = [line for line in lines if line.startswith("  a ")]
+    [b_line] = [line for line in lines if line.startswith("  b ")]
+    assert a_line.endswith(" 2026-11-21T16:37:17.365+00:00")
+    assert b_line.endswith(" 2026-11-21T16:38:02.000+00:00")
+
+
+def test_inspect_command_prints_watermarks_in_microseconds(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, [hand_written_offset(event_times={"a": A_TIME})], committed=0)
+    done = subprocess.run(
+        [sys.executable, "-m", "splitflow", "inspect", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [source] = json.loads(done.stdout)
+    assert {s["id"]: s["watermark_us"] for s in source["splits"]} == {
+        "a": A_TIME,
+        "b": None,
+        "u": None,
+        "f": None,
+    }
+
+
+def test_inspect_of_an_offset_without_event_times_shows_no_watermark(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, [hand_written_offset()], committed=0)
+    [state] = read_checkpoint(str(tmp_path))
+    assert all(r.watermark is None for r in state.splits)
+    table = format_table([state])
+    assert "watermark" not in table
+    assert table.splitlines()[1].endswith("to go")

@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", default="5 seconds", help="event-time window ('5 seconds')")
     parser.add_argument("--watermark", default="5 seconds", help="allowed lateness ('5 seconds')")
     parser.add_argument("--trigger", default="2 seconds", help="micro-batch interval ('2 seconds')")
+    parser.add_argument(
+        "--max-drift",
+        default="5s",
+        help="maxEventTimeDrift: no file is read more than this far ahead of the slowest "
+        "('5s', the watermark's delay; 'off' to turn alignment off)",
+    )
     parser.add_argument("--parallelism", type=int, default=2, help="reader slots (2)")
     parser.add_argument(
         "--source",
@@ -118,6 +124,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
         window=args.window,
         watermark=args.watermark,
         trigger=args.trigger,
+        max_drift=None if args.max_drift == "off" else args.max_drift,
         parallelism=args.parallelism,
         file_format=args.format,
         source=args.source,

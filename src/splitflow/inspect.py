@@ -4,7 +4,8 @@ Spark writes one file per micro-batch under ``<checkpoint>/offsets/<batch>``: a 
 a metadata line, then one line per source with that source's offset. A splitflow offset is
 a full checkpoint of the source (see :mod:`splitflow.spark.planner`), so this shows, for a
 batch: which slot owns each split, the slice the batch reads (``start`` to ``stop``),
-what the enumerator holds itself, and what has finished. A query with option ``stateDir``
+what the enumerator holds itself, and what has finished; with an event-time column, each
+held split's watermark (the latest event time read from it). A query with option ``stateDir``
 keeps its finished splits in the state directory's ledger: pass ``--state-dir`` to list them
 (without it, their count is shown).
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.spark.eventtime import iso
 from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 
@@ -34,6 +36,9 @@ class SplitRow:
     stop: int | None
     boundary: int | None = None
     """The split's backlog boundary, while it has not reached it."""
+    watermark: int | None = None
+    """The latest event time read from the split (microseconds since the epoch), when the
+    query has an event-time column; the offset keeps it for the splits the slots hold."""
 
     @property
     def records(self) -> int | None:
@@ -116,15 +121,18 @@ def _source_state(
     rows = []
     enumerator = offset.get("enumerator", {})
     boundaries = enumerator.get("backlog", {})
+    event_times = {k: int(v) for k, v in offset.get("event_times", {}).items()}
     for slot, slices in enumerate(offset["slots"]):
         for split_id, split, stop in slices:
             start = int(split["position"])
             boundary = boundaries.get(split_id)
-            rows.append(SplitRow(split_id, "reading", slot, start, int(stop), boundary))
+            watermark = event_times.get(split_id)
+            rows.append(SplitRow(split_id, "reading", slot, start, int(stop), boundary, watermark))
     for split_id, split in enumerator.get("unassigned", {}).items():
         position = split.get("position")
         boundary = boundaries.get(split_id)
-        rows.append(SplitRow(split_id, "unassigned", None, position, None, boundary))
+        watermark = event_times.get(split_id)
+        rows.append(SplitRow(split_id, "unassigned", None, position, None, boundary, watermark))
     finished = list(enumerator.get("finished", []))
     ledger_size = None
     if "ledger" in offset:
@@ -171,9 +179,11 @@ def format_table(states: list[SourceState]) -> str:
                 "(--state-dir lists them)"
             )
         width = min(ID_WIDTH, max([5, *(len(r.split_id) for r in state.splits)]))
+        event_time = any(r.watermark is not None for r in state.splits)
         out.append(
             f"  {'split':{width}s} {'state':10s} {'slot':>4s} {'start':>12s} {'stop':>12s} "
             f"{'rows':>10s} {'backlog to':>12s} {'to go':>10s}"
+            + (" watermark" if event_time else "")
         )
 
         def cell(value: int | None, width: int) -> str:
@@ -184,6 +194,7 @@ def format_table(states: list[SourceState]) -> str:
                 f"  {_fit(row.split_id, width):{width}s} {row.state:10s} {cell(row.owner, 4)} "
                 f"{cell(row.start, 12)} {cell(row.stop, 12)} {cell(row.records, 10)} "
                 f"{cell(row.boundary, 12)} {cell(row.to_boundary, 10)}"
+                + (f" {iso(row.watermark) or ''}" if event_time else "")
             )
     return "\n".join(out) if out else "no splitflow source in this batch"
 
@@ -208,6 +219,7 @@ def to_json(states: list[SourceState]) -> str:
                         "stop": r.stop,
                         "backlog_boundary": r.boundary,
                         "to_boundary": r.to_boundary,
+                        "watermark_us": r.watermark,
                     }
                     for r in s.splits
                 ],

@@ -34,6 +34,7 @@ from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from tests.spark.lagging import LaggingDataSource
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec
 from splitflow.api.enumerator import SplitEnumeratorContext
@@ -172,7 +173,7 @@ def read_task_log(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return entries
 
 
-TEST_SOURCES = (FaultySequenceDataSource,)
+TEST_SOURCES = (FaultySequenceDataSource, LaggingDataSource)
 
 
 # -- splitflow-sequence-events: reader events end to end ----------------------------------------

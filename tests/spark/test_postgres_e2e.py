@@ -18,13 +18,15 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from tests.spark.support import log_ids, wait_until
+from tests.spark.support import log_ids, reported_splits, wait_until
 from tests.spark.test_streaming_e2e import Job
 from tests.support.postgres import Postgres, postgres_fixture
 
@@ -259,7 +261,9 @@ def test_backlog_lasts_through_the_snapshot_and_the_log_up_to_its_start_and_no_s
 ) -> None:
     """The snapshot's batches and the log's first stretch (what the WAL held when the log
     started) are backlog, then the source is at the head; changes made afterwards arrive
-    as live changes. The password is nowhere in offsets, state, commits or progress."""
+    as live changes. The log split's watermark is its latest change's commit time. The
+    password is nowhere in offsets, state, commits or progress."""
+    began = time.time()
     table = "backlog_orders"
     postgres.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int, payload text)")
     postgres.execute(f"INSERT INTO {table} SELECT g, 0, 'p' FROM generate_series(1, 2000) g")
@@ -291,6 +295,14 @@ def test_backlog_lasts_through_the_snapshot_and_the_log_up_to_its_start_and_no_s
             return seen()[-1] is False
 
         wait_until("a batch at the head", live, 120, step=1.0)
+
+        def log_watermark() -> str | None:  # a batch's reports come with the next batch
+            postgres.execute(f"UPDATE {table} SET version = version + 1 WHERE id = 2")
+            split = reported_splits(query.lastProgress).get("log:s_backlog", {})
+            return split.get("watermark")
+
+        watermark = wait_until("the log split's watermark", log_watermark, 60, step=1.0)
+        assert began - 1 <= datetime.fromisoformat(watermark).timestamp() <= time.time()
         progress = repr(query.recentProgress)
     finally:
         writer.stop()

@@ -22,7 +22,13 @@ from splitflow.api.events import (
     SplitsFinishedEvent,
     SplitsRemovedEvent,
 )
-from splitflow.api.reader import InputStatus, ReaderOutput, SourceReader, SourceReaderContext
+from splitflow.api.reader import (
+    InputStatus,
+    ReaderOutput,
+    SourceReader,
+    SourceReaderContext,
+    SplitOutputs,
+)
 from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
 from splitflow.api.split import (
     Codec,
@@ -62,6 +68,7 @@ __all__ = [
     "SplitEnumerator",
     "SplitEnumeratorContext",
     "SplitExtent",
+    "SplitOutputs",
     "SplitState",
     "SplitsFinishedEvent",
     "SplitsRemovedEvent",

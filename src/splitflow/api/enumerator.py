@@ -224,6 +224,30 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         """
         return {}
 
+    def event_times(self, splits: Sequence[SplitT]) -> Mapping[str, int]:
+        """Event time of the first record at or after each split's position, without reading
+        the split (microseconds since the epoch, of :attr:`Source.event_time_column`).
+
+        Called by: the coordinator thread, when a runtime aligns splits by event time
+        (Spark's ``maxEventTimeDrift``), for splits with records to read. Blocking: like
+        :meth:`latest_positions`, one bounded round trip. Splits the source cannot tell
+        are left out (a split with no record there yet, or a source without an index).
+        Default: none; splits are then aligned by the event time their readers report.
+        """
+        return {}
+
+    def positions_after(self, splits: Sequence[SplitT], event_time: int) -> Mapping[str, int]:
+        """For each split, the first position at or after its position whose record's event
+        time is after ``event_time`` (microseconds), or how far the split exists when no
+        record there is: reading up to it reads no record later than ``event_time``.
+
+        Exact where event time never decreases along a split (a log's append time, a
+        generated sequence). Called by: the coordinator thread, as :meth:`event_times`.
+        Splits the source cannot map are left out (default: all); the runtime then reads
+        or pauses them whole.
+        """
+        return {}
+
     def backlog_boundaries(self) -> Mapping[str, int]:
         """Splits still reading backlog, each with the position that ends its backlog.
 

@@ -61,3 +61,19 @@ class BacklogStartedEvent(SourceEvent):
     @classmethod
     def of(cls, boundaries: Mapping[str, int]) -> BacklogStartedEvent:
         return cls(tuple(sorted(boundaries.items())))
+
+
+@dataclass(frozen=True)
+class SplitEventTimesEvent(SourceEvent):
+    """Reader (runtime) -> runtime: the latest event time each split read in a task.
+
+    ``event_times``: split id -> microseconds since the epoch. On Spark each task sends one
+    for the slices it read (a function of the slices, so a retry sends the same); the
+    planner keeps each split's largest as its watermark, in every offset.
+    """
+
+    event_times: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, event_times: Mapping[str, int]) -> SplitEventTimesEvent:
+        return cls(tuple(sorted(event_times.items())))

@@ -37,6 +37,18 @@ class ReaderOutput(Protocol[RecordT_contra]):
     def collect(self, record: RecordT_contra) -> None: ...
 
 
+class SplitOutputs(ReaderOutput[RecordT_contra], Protocol[RecordT_contra]):
+    """An output that wants to know each record's split (Flink's per-split output).
+
+    A reader that knows which split a record came from collects it into
+    ``output.for_split(split_id)`` instead of ``output`` (as
+    :class:`~splitflow.reader.SourceReaderBase` does); the runtime uses this to track each
+    split's event time. Records collected into ``output`` itself belong to no known split.
+    """
+
+    def for_split(self, split_id: str) -> ReaderOutput[RecordT_contra]: ...
+
+
 class SourceReaderContext(Protocol):
     """What the runtime offers a reader. Called by the reader's thread."""
 

@@ -68,6 +68,15 @@ class Source(ABC, Generic[RecordT, SplitT, EnumStateT]):
         ``bytes_per_position`` (a byte budget per batch needs it). Default: no."""
         return False
 
+    @property
+    def event_time_column(self) -> str | None:
+        """The column of the source's records that holds their event time, if it has one
+        (Kafka's record timestamp, a change's commit time). The enumerator's
+        :meth:`~splitflow.api.enumerator.SplitEnumerator.event_times` and
+        :meth:`~splitflow.api.enumerator.SplitEnumerator.positions_after` answer for this
+        column. Default: none (a user names one with the ``eventTimeColumn`` option)."""
+        return None
+
 
 class SupportsSplitReassignmentOnRecovery:
     """Mix-in: on recovery, readers hand their splits to the enumerator (FLIP-537).

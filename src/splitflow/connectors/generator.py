@@ -115,6 +115,34 @@ class GeneratorSplit:
         latest = self.available(now)
         return SplitExtent(latest, final=self.rows is not None and latest >= self.rows)
 
+    @property
+    def step_us(self) -> float:
+        """Microseconds of event time between two rows."""
+        return 1_000_000 / (UNTHROTTLED_EVENT_RATE if self.rate is None else self.rate)
+
+    def event_time(self, row: int) -> int:
+        """The event time of row ``row`` (microseconds; as :func:`make_batch` computes it).
+
+        >>> GeneratorSplit(0, rows=None, start_us=10, rate=3.0).event_time(2)
+        666676
+        """
+        step = self.step_us
+        return self.start_us + (row * int(step) if step.is_integer() else math.floor(row * step))
+
+    def first_after(self, event_time: int) -> int:
+        """The first row whose event time is after ``event_time`` (from :attr:`position`).
+
+        >>> split = GeneratorSplit(0, rows=None, start_us=0, rate=3.0)
+        >>> split.first_after(333_333), split.first_after(333_332), split.first_after(-1)
+        (2, 1, 0)
+        """
+        row = max(self.position, math.floor((event_time - self.start_us) / self.step_us))
+        while row > self.position and self.event_time(row - 1) > event_time:
+            row -= 1
+        while self.event_time(row) <= event_time:
+            row += 1
+        return row
+
     def batch(self, start: int, stop: int) -> pa.RecordBatch:
         """Rows ``start .. stop-1`` of this split."""
         return make_batch(self.index, start, stop, start_us=self.start_us, rate=self.rate)
@@ -131,7 +159,7 @@ def make_batch(
     """
     ids = np.arange(start, stop, dtype=np.int64)
     values = (ids * 2654435761 + index * 97) % 1000003
-    step = 1_000_000 / (UNTHROTTLED_EVENT_RATE if rate is None else rate)
+    step = GeneratorSplit(index, None, start_us, rate).step_us
     if step.is_integer():  # the default: exact integer arithmetic, and faster
         times = start_us + ids * int(step)
     else:
@@ -171,6 +199,16 @@ class GeneratorEnumerator(AssigningSplitEnumerator[GeneratorSplit]):
     def latest_positions(self, splits: Sequence[GeneratorSplit]) -> dict[str, SplitExtent]:
         now = self._source.clock()
         return {s.split_id: s.extent(now) for s in splits}
+
+    def event_times(self, splits: Sequence[GeneratorSplit]) -> dict[str, int]:
+        now = self._source.clock()
+        return {
+            s.split_id: s.event_time(s.position) for s in splits if s.available(now) > s.position
+        }
+
+    def positions_after(self, splits: Sequence[GeneratorSplit], event_time: int) -> dict[str, int]:
+        now = self._source.clock()
+        return {s.split_id: min(s.first_after(event_time), s.available(now)) for s in splits}
 
 
 class _GeneratorSplitReader(SplitReader[Positioned[pa.RecordBatch], GeneratorSplit]):
@@ -305,6 +343,10 @@ class GeneratorSource(
             PositionedEmitter[pa.RecordBatch, GeneratorSplit](),
             context,
         )
+
+    @property
+    def event_time_column(self) -> str:
+        return "event_time"
 
     @property
     def split_codec(self) -> Codec[GeneratorSplit]:

@@ -433,6 +433,14 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
     def latest_positions(self, splits: Sequence[SplitT]) -> Future[Mapping[str, SplitExtent]]:
         return self._submit(lambda: self.enumerator.latest_positions(splits))
 
+    def event_times(self, splits: Sequence[SplitT]) -> Future[Mapping[str, int]]:
+        return self._submit(lambda: dict(self.enumerator.event_times(splits)))
+
+    def positions_after(
+        self, splits: Sequence[SplitT], event_time: int
+    ) -> Future[Mapping[str, int]]:
+        return self._submit(lambda: dict(self.enumerator.positions_after(splits, event_time)))
+
     def backlog_boundaries(self) -> Future[Mapping[str, int]]:
         return self._submit(lambda: dict(self.enumerator.backlog_boundaries()))
 

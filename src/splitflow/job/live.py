@@ -4,6 +4,9 @@ Everything shown comes from Spark's query progress (``query.recentProgress``) an
 producer's counters. The source's part is what splitflow reports as the source's latest
 offset (:meth:`splitflow.spark.planner.Planner.lag`): per reader slot its splits and lag,
 the most lagging splits with owner, position and latest position, and the backlog flag.
+With an event-time column the report also has each split's watermark, and with alignment
+(``maxEventTimeDrift``) the aligned watermark, the drift bound, each split's drift and
+whether it is idle or paused: the view shows those only when the report has them.
 Rendering is a pure function of a :class:`JobView`, so it is tested on a recorded progress.
 """
 
@@ -77,14 +80,42 @@ def _number(value: Any, digits: int = 0) -> str:
         return str(value)
 
 
-def _watermark(progress: Mapping[str, Any] | None) -> str:
-    mark = ((progress or {}).get("eventTime") or {}).get("watermark")
+def _clock_time(mark: Any) -> str:
+    """An ISO time as ``HH:MM:SS``; ``-`` for none or Spark's initial watermark (the epoch)."""
     if not mark or str(mark).startswith("1970-01-01"):
         return "-"
     try:
         return datetime.fromisoformat(str(mark).replace("Z", "+00:00")).strftime("%H:%M:%S")
     except ValueError:
         return str(mark)
+
+
+def _watermark(progress: Mapping[str, Any] | None) -> str:
+    """Spark's watermark of the query (the largest event time less the delay)."""
+    return _clock_time(((progress or {}).get("eventTime") or {}).get("watermark"))
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{_number(value, 1)}s"
+
+
+def _split_state(info: Mapping[str, Any]) -> str:
+    """``idle``, ``paused`` (both if both), or empty: how alignment treated the split."""
+    return ", ".join(flag for flag in ("idle", "paused") if info.get(flag))
+
+
+def _event_time_figures(report: Mapping[str, Any]) -> dict[str, str]:
+    """The event-time headline figures: none without an event-time column, the alignment
+    figures only with ``maxEventTimeDrift``."""
+    if "eventTimeColumn" not in report:
+        return {}
+    figures = {"event time column": str(report["eventTimeColumn"])}
+    if "maxEventTimeDrift" in report:
+        figures["aligned watermark"] = _clock_time(report.get("alignedWatermark"))
+        figures["max drift"] = _seconds(report.get("maxEventTimeDrift"))
+        figures["idle splits"] = _number(report.get("idleSplits"))
+        figures["paused splits"] = _number(report.get("pausedSplits"))
+    return figures
 
 
 def _short(split_id: str, width: int = 28) -> str:
@@ -110,6 +141,7 @@ def summary(view: JobView) -> dict[str, str]:
         "splits": _number(report.get("splitCount")),
         "total lag": _number(report.get("totalLag")),
         "backlog": "yes" if report.get("backlog") else ("no" if report else "-"),
+        **_event_time_figures(report),
     }
     if producer is not None:
         figures["files produced"] = f"{producer.files:,} (run {producer.run})"
@@ -139,20 +171,32 @@ def render(view: JobView) -> RenderableType:
     for slot_id, slot in enumerate(report.get("slots", [])):
         slots.add_row(str(slot_id), _number(slot.get("splits")), _number(slot.get("lag")))
 
+    event_time = "eventTimeColumn" in report
+    aligned = "maxEventTimeDrift" in report
     splits = Table(title=f"most lagging splits (up to {SPLITS_SHOWN})", title_justify="left")
-    for name in ("split", "slot", "position", "latest", "lag"):
-        splits.add_column(name, justify="left" if name == "split" else "right")
+    names = ["split", "slot", "position", "latest", "lag"]
+    if event_time:
+        names.append("watermark")
+    if aligned:
+        names += ["drift", "state"]
+    for name in names:
+        splits.add_column(name, justify="left" if name in ("split", "state") else "right")
     rows = sorted(
         report.get("splits", {}).items(), key=lambda item: (-(item[1].get("lag") or 0), item[0])
     )
     for split_id, info in rows[:SPLITS_SHOWN]:
-        splits.add_row(
+        cells = [
             _short(split_id),
             str(info.get("owner", "-")),
             _number(info.get("position")),
             _number(info.get("latest")),
             _number(info.get("lag")),
-        )
+        ]
+        if event_time:
+            cells.append(_clock_time(info.get("watermark")))
+        if aligned:
+            cells += [_seconds(info.get("drift")), _split_state(info)]
+        splits.add_row(*cells)
     hint = Text("Ctrl-C stops cleanly; run again to resume from the checkpoint", style="dim")
     return Group(head, slots, splits, hint)
 
@@ -162,10 +206,18 @@ def plain_line(view: JobView, progress: Mapping[str, Any]) -> str:
     report = source_report(progress)
     slots = report.get("slots", [])
     load = " ".join(f"{s.get('splits', 0)}/{s.get('lag', 0)}" for s in slots)
+    alignment = ""
+    if "maxEventTimeDrift" in report:
+        alignment = (
+            f" aligned_watermark={_clock_time(report.get('alignedWatermark'))}"
+            f" max_drift={_seconds(report.get('maxEventTimeDrift'))}"
+            f" idle={report.get('idleSplits', '-')} paused={report.get('pausedSplits', '-')}"
+        )
     return (
         f"batch {progress.get('batchId')}: rows={progress.get('numInputRows', 0)} "
         f"rows/s={_number(progress.get('processedRowsPerSecond'))} "
         f"windows={view.windows} watermark={_watermark(progress)} "
         f"splits={report.get('splitCount', '-')} lag={report.get('totalLag', '-')} "
         f"backlog={'yes' if report.get('backlog') else 'no'} slots(splits/lag)=[{load}]"
+        f"{alignment}"
     )

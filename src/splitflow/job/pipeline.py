@@ -4,7 +4,9 @@
 
     events = (spark.readStream.format("splitflow-files").schema(EVENT_SPARK_SCHEMA)
               .option("path", landing).option("format", "parquet")
-              .option("parallelism", 2).option("stateDir", state).load())
+              .option("parallelism", 2).option("stateDir", state)
+              .option("eventTimeColumn", "event_time").option("maxEventTimeDrift", "5s")
+              .load())
     windows = (events.withWatermark("event_time", "5 seconds")
                .groupBy(F.window("event_time", "5 seconds"))
                .agg(F.count("*").alias("events"), F.sum("value").alias("value_sum")))
@@ -58,6 +60,8 @@ class PipelineSettings:
     window: str = "5 seconds"
     watermark: str = "5 seconds"
     trigger: str = "2 seconds"
+    max_drift: str | None = "5s"
+    """The source's ``maxEventTimeDrift`` (None: no alignment; event time is tracked)."""
     parallelism: int = 2
     file_format: str = "parquet"
     source: str = "splitflow-files"
@@ -114,7 +118,7 @@ def start_query(spark: Any, layout: Layout, settings: PipelineSettings) -> Any:
             .load(str(layout.landing))
         )
     else:
-        events = (
+        reader = (
             spark.readStream.format("splitflow-files")
             .schema(EVENT_SPARK_SCHEMA)
             .option("path", str(layout.landing))
@@ -122,8 +126,11 @@ def start_query(spark: Any, layout: Layout, settings: PipelineSettings) -> Any:
             .option("pattern", f"*.{settings.file_format}")
             .option("parallelism", str(settings.parallelism))
             .option("stateDir", str(layout.state))
-            .load()
+            .option("eventTimeColumn", "event_time")
         )
+        if settings.max_drift is not None:
+            reader = reader.option("maxEventTimeDrift", settings.max_drift)
+        events = reader.load()
     windows = (
         events.withWatermark("event_time", settings.watermark)
         .groupBy(F.window("event_time", settings.window))

@@ -362,6 +362,7 @@ class SourceReaderBase(SourceReader[T, SplitT], Generic[E, T, SplitT]):
     def _process(self, batch: FetchedBatch[E], output: ReaderOutput[T]) -> None:
         records = batch.records
         emit = self._emitter.emit
+        for_split = getattr(output, "for_split", None)  # a SplitOutputs
         for split_id, elements in records.records.items():
             entry = self._live(split_id, batch)
             if entry is None:
@@ -372,10 +373,11 @@ class SourceReaderBase(SourceReader[T, SplitT], Generic[E, T, SplitT]):
                     "after it reported the split finished"
                 )
             state, stop = entry.state, entry.stop
+            out = output if for_split is None else for_split(split_id)
             for element in elements:
                 before = state.position
                 try:
-                    emit(element, output, state)
+                    emit(element, out, state)
                 except BaseException as exc:
                     exc.add_note(
                         f"splitflow: raised by {type(self._emitter).__name__}.emit() for split "

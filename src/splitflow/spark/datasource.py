@@ -41,12 +41,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
 
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent
+from splitflow.api.events import SourceEvent, SplitEventTimesEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
 from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
+from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
@@ -97,8 +98,31 @@ class SplitflowDataSource(DataSource):
                     "records; use the records options",
                     option=option,
                 )
+        self.event_time = self._event_time(source)
+
+    def _event_time(self, source: AnySource) -> EventTimeSettings | None:
+        """The event-time settings from the options and the source's own column."""
+        runtime = self.runtime
+        column = runtime.event_time_column or source.event_time_column
+        if column is None:
+            if runtime.max_event_time_drift is not None:
+                raise ConfigurationError(
+                    f"option maxEventTimeDrift: {self.name()} has no event-time column; name "
+                    "one with option eventTimeColumn",
+                    option="maxEventTimeDrift",
+                )
+            return None
+        drift = runtime.max_event_time_drift
+        return EventTimeSettings(
+            column,
+            None if drift is None else round(drift * 1_000_000),
+            runtime.split_idle_timeout,
+            indexed=column == source.event_time_column,
+        )
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        if self.event_time is not None:
+            _check_event_time_column(self.event_time.column, schema)
         return SplitflowStreamReader(self)
 
     def reader(self, schema: Any) -> DataSourceReader:
@@ -131,6 +155,26 @@ class SlicePartition(InputPartition):
         super().__init__(index)
         self.index, self.slot, self.seq = index, slot, seq
         self.split_codec, self.slices, self.events = split_codec, slices, events
+
+
+def _check_event_time_column(column: str, schema: Any) -> None:
+    """The event-time column is a timestamp or date column of the query's schema."""
+    from pyspark.sql.types import DateType, StructType, TimestampNTZType, TimestampType
+
+    if not isinstance(schema, StructType):
+        return
+    fields = {f.name: f for f in schema.fields}
+    if column not in fields:
+        raise ConfigurationError(
+            f"option eventTimeColumn: no column {column!r} (columns: {', '.join(fields)})",
+            option="eventTimeColumn",
+        )
+    if not isinstance(fields[column].dataType, TimestampType | TimestampNTZType | DateType):
+        raise ConfigurationError(
+            f"option eventTimeColumn: column {column!r} is "
+            f"{fields[column].dataType.simpleString()}, not a timestamp or a date",
+            option="eventTimeColumn",
+        )
 
 
 def _partitions(
@@ -175,7 +219,12 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     context = RecordingReaderContext(partition.slot)  # events go to the state dir
     reader = source.create_reader(context)
     reader.start()
-    out: Collector[Any] = Collector()
+    settings = data_source.event_time
+    out: Collector[Any] = (
+        EventTimeCollector(settings.column)
+        if settings is not None and data_source.runtime.state_dir is not None
+        else Collector()
+    )
     idle_timeout = data_source.runtime.reader_idle_timeout
     try:
         for event in decode_events(partition.events):
@@ -198,6 +247,8 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
                 )
     finally:
         reader.close()
+    if isinstance(out, EventTimeCollector) and out.event_times:
+        context.events.append(SplitEventTimesEvent.of(out.event_times))
     _record_events(data_source, partition, context.events)
 
 
@@ -241,6 +292,7 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 runtime.parallelism,
                 state_dir=runtime.state_dir,
                 backlog_lag_threshold=runtime.backlog_lag_threshold,
+                event_time=self._ds.event_time,
             )
             self._close_on_sigterm()
         return self._planner

@@ -10,7 +10,10 @@ alias of the runtime's ``maxBytesPerBatch``: positions are file bytes), ``latest
 ``badFiles``
 (``fail``/``quarantine``; quarantine needs ``stateDir``), ``failOnDataLoss`` (default
 true), ``header`` and ``delimiter`` (CSV), plus the runtime options of
-:mod:`splitflow.spark.options`.
+:mod:`splitflow.spark.options`. The runtime's ``eventTimeColumn`` has no default here; for
+Parquet it reaches the source, which aligns splits (``maxEventTimeDrift``) by the row-group
+statistics of that column: exactly, to a row group. JSON lines and CSV are aligned by
+pausing.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class FilesDataSource(SplitflowDataSource):
             bad_files=bad_files,
             fail_on_data_loss=self._flag("failOnDataLoss", True),
             csv=csv,
+            event_time_column=self.runtime.event_time_column,
         )
         fs, base = source.filesystem()
         if fs.get_file_info(base).type != pafs.FileType.Directory:

@@ -25,6 +25,15 @@ option                        default    meaning
 ``stateDir``                  (none)     directory for the query's source state: reader
                                          events travel to the enumerator through it (on a
                                          cluster: a filesystem all nodes share)
+``eventTimeColumn``           (source's) the timestamp column that holds event time (the
+                                         generator's ``event_time``, Kafka's ``timestamp``,
+                                         CDC's ``commit_ts``; files: none); with stateDir,
+                                         each split's latest is tracked as its watermark
+``maxEventTimeDrift``         (none)     align splits: none reads records more than this
+                                         far ahead of the slowest active split (needs
+                                         stateDir; see docs/event-time.md)
+``splitIdleTimeout``          1m         a split with nothing to read this long is idle: it
+                                         holds no other split back until data arrives
 ============================  =========  =====================================================
 
 Durations take ``ms``, ``s``, ``m`` or ``h`` (``"500ms"``, ``"30s"``, ``"15m"``); a bare number
@@ -59,6 +68,9 @@ NAMES = (
     "maxRecordsPerTask",
     "readerIdleTimeout",
     "stateDir",
+    "eventTimeColumn",
+    "maxEventTimeDrift",
+    "splitIdleTimeout",
 )
 """The runtime's option names (for sources that refuse unknown options)."""
 
@@ -76,6 +88,9 @@ class RuntimeOptions:
     max_records_per_task: int | None = None
     reader_idle_timeout: float = 60.0
     state_dir: str | None = None
+    event_time_column: str | None = None
+    max_event_time_drift: float | None = None
+    split_idle_timeout: float = 60.0
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RuntimeOptions:
@@ -105,7 +120,20 @@ class RuntimeOptions:
             max_records_per_task=whole("maxRecordsPerTask"),
             reader_idle_timeout=duration("readerIdleTimeout", 60.0),
             state_dir=options.get("statedir") or None,
+            event_time_column=options.get("eventtimecolumn") or None,
+            max_event_time_drift=(
+                None
+                if options.get("maxeventtimedrift") is None
+                else duration("maxEventTimeDrift", 0.0)
+            ),
+            split_idle_timeout=duration("splitIdleTimeout", 60.0),
         )
+        if parsed.max_event_time_drift is not None and parsed.state_dir is None:
+            raise ConfigurationError(
+                "option maxEventTimeDrift needs option stateDir: the readers report each "
+                "split's event time to the planner through it",
+                option="maxEventTimeDrift",
+            )
         threshold, minimum = parsed.backlog_lag_threshold, parsed.min_records_per_batch
         if threshold is not None and minimum is not None and threshold <= minimum:
             raise ConfigurationError(

@@ -31,6 +31,7 @@ from splitflow.api.events import (
     BacklogFinishedEvent,
     BacklogStartedEvent,
     SourceEvent,
+    SplitEventTimesEvent,
     SplitsFinishedEvent,
     SplitsRemovedEvent,
 )
@@ -47,6 +48,7 @@ from splitflow.coordinator.coordinator import (
 from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
+from splitflow.spark.eventtime import EventTimeSettings, alignment_caps, iso
 from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 log = logging.getLogger("splitflow.spark")
@@ -208,6 +210,9 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     ledger: LedgerRef | None = None
     """Where ``enumerator``'s ledger is, when it is kept in the state directory (then
     ``enumerator`` holds the rest of the state; see :mod:`splitflow.spark.ledger`)."""
+    event_times: Mapping[str, int] = field(default_factory=dict)
+    """Each held split's watermark: the latest event time read from it (microseconds), as
+    reported by the batches up to ``events_through``."""
 
     def has_tasks(self, slot: int) -> bool:
         return any(s.records > 0 for s in self.slots[slot])
@@ -257,6 +262,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             "events_through": self.events_through,
             "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
             **({} if self.ledger is None else {"ledger": self.ledger.encode()}),
+            **({"event_times": dict(self.event_times)} if self.event_times else {}),
         }
 
     @classmethod
@@ -284,6 +290,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 int(r): tuple(decode_events(e)) for r, e in data.get("to_readers", {}).items()
             },
             ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
+            event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
         )
 
 
@@ -304,8 +311,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         clock: Callable[[], float] = time.monotonic,
         state_dir: str | None = None,
         backlog_lag_threshold: int | None = None,
+        event_time: EventTimeSettings | None = None,
     ) -> None:
         self.source = source
+        self.event_time = event_time
         self.parallelism = parallelism
         self.backlog_lag_threshold = backlog_lag_threshold
         self._events = EventStore(state_dir) if state_dir else None
@@ -331,6 +340,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._encoded: SplitCache = {}  # splits of the last offset, encoded
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._unrecorded_finish = False  # splits finished since the last planned offset
+        self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
+        self._active_at: dict[str, float] = {}  # split id -> when it last had records to read
+        self._next_times: dict[str, tuple[int, int]] = {}  # id -> (position, its event time)
+        self._aligned: Alignment | None = None  # how the last batch was aligned
 
     progress_splits = 50
     """At most this many splits are listed one by one in :meth:`lag` (the most lagging)."""
@@ -359,6 +372,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot in range(self.parallelism):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
         self._last = restore_from
+        self._event_times = dict(restore_from.event_times) if restore_from else {}
+        self._active_at, self._next_times, self._aligned = {}, {}, None
         self._unrecorded_finish = False
         self._latest_extents = None
         self._events_through = restore_from.events_through if restore_from else 0
@@ -493,14 +508,21 @@ class Planner(Generic[SplitT, EnumStateT]):
         }
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
+        sized = limit.then if isinstance(limit, MinRecords) else limit
+        settings = self.event_time
+        if settings is not None and settings.max_drift is not None:
+            unaligned = self._reads(sized, backlogs, extents)
+            self._aligned = self._align(
+                settings, settings.max_drift, extents, unaligned, _records(limit)
+            )
+            for sid, cap in self._aligned.caps.items():
+                backlogs[sid] = min(backlogs[sid], cap - self._held(sid).position)
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
             enough = sum(backlogs.values()) >= limit.records
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
-        reads = self._reads(
-            limit.then if isinstance(limit, MinRecords) else limit, backlogs, extents
-        )
+        reads = self._reads(sized, backlogs, extents)
         if not changed and sum(reads.values()) == 0:
             return dict(start)  # nothing new: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
@@ -536,8 +558,175 @@ class Planner(Generic[SplitT, EnumStateT]):
         if self._events is not None:
             for seq in range(self._events_through + 1, completed + 1):
                 for slot, event in self._events.read(seq):
-                    self._settle(self.coordinator.handle_source_event(slot, event))
+                    if isinstance(event, SplitEventTimesEvent):  # the runtime's, not the source's
+                        self._observe_event_times(event)
+                    else:
+                        self._settle(self.coordinator.handle_source_event(slot, event))
         self._events_through = max(self._events_through, completed)
+
+    # -- event time ---------------------------------------------------------------------------
+
+    def _observe_event_times(self, event: SplitEventTimesEvent) -> None:
+        for sid, event_time in event.event_times:
+            if event_time > self._event_times.get(sid, event_time - 1):
+                self._event_times[sid] = event_time
+
+    def _held(self, split_id: str) -> SplitT:
+        for slot in self._slots.values():
+            if split_id in slot:
+                return slot[split_id]
+        raise KeyError(split_id)
+
+    def _align(
+        self,
+        settings: EventTimeSettings,
+        max_drift: int,
+        extents: Mapping[str, SplitExtent],
+        unaligned: Mapping[str, int],
+        budget: int | None,
+    ) -> Alignment:
+        """How far each split may read in the next batch to stay within ``max_drift``.
+
+        ``unaligned``: what each split would read without alignment (its share of the read
+        limit); ``budget``: the batch's record limit, if any.
+
+        A split is active while it has records to read, and for ``idle_timeout`` seconds
+        after; idle splits hold nobody back, nor, under ``trigger(availableNow=True)``, do
+        splits at the run's target (they read nothing more in it). An active split's event
+        time is its next record's where the source tells it, else its watermark.
+
+        The batch may read up to the *floor* plus the drift: the earliest event time an
+        active split can be at once the batch has read. For a split with records to read,
+        that is the time of the first record its share leaves unread (of its last record
+        when the share reads all it has now: a later one cannot be earlier), where the
+        source tells it, else its event time now; a split its share reads to its final
+        position has none (it ends). So splits that move together read whole shares, and
+        after the batch no split has read more than the drift past any active split's next
+        record: with the drift at most ``withWatermark``'s delay, Spark drops none of them
+        as late. Where the source tells event times but maps no position for a split
+        (or maps it to its position while its next record is within the bound: a coarse
+        index), the position is searched (reading no further than ``budget`` records). See
+        :func:`~splitflow.spark.eventtime.alignment_caps`.
+        """
+        now = self._clock()
+        held = {
+            sid: split
+            for slot in self._slots.values()
+            for sid, split in slot.items()
+            if sid in extents
+        }
+        for sid, split in held.items():
+            if extents[sid].exists_to > split.position or sid not in self._active_at:
+                self._active_at[sid] = now
+        for sid in [sid for sid in self._active_at if sid not in held]:
+            del self._active_at[sid]
+        to_read = {sid: self._cap(sid, extents[sid].latest) for sid in held}
+        idle = {
+            sid
+            for sid, split in held.items()
+            if now - self._active_at[sid] >= settings.idle_timeout
+            or (self._target is not None and to_read[sid] <= split.position)
+        }
+        waiting = {
+            sid: split
+            for sid, split in held.items()
+            if sid not in idle and to_read[sid] > split.position
+        }
+        next_times = self._next_event_times(waiting) if settings.indexed else {}
+        current = {
+            sid: next_times.get(sid, self._event_times.get(sid)) for sid in held if sid not in idle
+        }
+        current = {sid: t for sid, t in current.items() if t is not None or sid in waiting}
+        ending = {  # read to their final position: nothing of them is left to be late
+            sid
+            for sid, split in waiting.items()
+            if extents[sid].final and split.position + unaligned.get(sid, 0) >= extents[sid].latest
+        }
+        reach = self._reach(waiting, unaligned, to_read) if settings.indexed else {}
+        floor = {sid: reach.get(sid, t) for sid, t in current.items() if sid not in ending}
+        known = [t for t in floor.values() if t is not None]
+        limit = min(known) + max_drift if known else None
+        exact: dict[str, int] = {}
+        if settings.indexed and limit is not None and waiting:
+            exact = dict(
+                self._settle(self.coordinator.positions_after(list(waiting.values()), limit))
+            )
+            unmapped = {
+                sid: split
+                for sid, split in waiting.items()
+                if sid in next_times
+                and next_times[sid] <= limit
+                and exact.get(sid, split.position) <= split.position
+            }
+            bounds = {
+                sid: min(to_read[sid], split.position + (budget or to_read[sid]))
+                for sid, split in unmapped.items()
+            }
+            exact.update(self._search_after(unmapped, bounds, limit))
+        positions = {sid: split.position for sid, split in waiting.items()}
+        caps = alignment_caps(positions, current, limit, exact)
+        slowest = [t for t in current.values() if t is not None]
+        return Alignment(
+            watermark=min(slowest) if slowest else None,
+            limit=limit,
+            current=current,
+            idle=frozenset(idle),
+            caps=caps,
+            paused=frozenset(sid for sid, cap in caps.items() if cap <= positions[sid]),
+        )
+
+    def _reach(
+        self,
+        waiting: Mapping[str, SplitT],
+        unaligned: Mapping[str, int],
+        to_read: Mapping[str, int],
+    ) -> dict[str, int]:
+        """The event time of each waiting split's first record left unread by its share
+        ``unaligned``, or of its last record when the share reads all it has (splits whose
+        share is 0, or whose time the source cannot tell, are left out). One call."""
+        ask = [
+            with_position(split, min(split.position + unaligned[sid], to_read[sid] - 1))
+            for sid, split in waiting.items()
+            if unaligned.get(sid, 0) > 0
+        ]
+        return dict(self._settle(self.coordinator.event_times(ask))) if ask else {}
+
+    def _search_after(
+        self, splits: Mapping[str, SplitT], bounds: Mapping[str, int], limit: int
+    ) -> dict[str, int]:
+        """Each split's first position below its bound whose record is later than ``limit``
+        (else its bound), by asking the event time at positions: first the last one, then
+        halving (event time must not decrease along a split). One ``event_times`` call per
+        step for all splits; a split's first record must be within ``limit``."""
+        low = {sid: split.position for sid, split in splits.items()}
+        high = dict(bounds)
+        probes = {sid: high[sid] - 1 for sid in splits if high[sid] - 1 > low[sid]}
+        while probes:
+            asked = [with_position(splits[sid], at) for sid, at in probes.items()]
+            times = self._settle(self.coordinator.event_times(asked))
+            for sid, at in probes.items():
+                if sid in times and times[sid] <= limit:
+                    low[sid] = at
+                else:
+                    high[sid] = at
+            probes = {
+                sid: (low[sid] + high[sid]) // 2 for sid in splits if high[sid] - low[sid] > 1
+            }
+        return high
+
+    def _next_event_times(self, waiting: Mapping[str, SplitT]) -> dict[str, int]:
+        """The event time at each waiting split's position, asked once per position."""
+        cached = {
+            sid: hit[1]
+            for sid, split in waiting.items()
+            if (hit := self._next_times.get(sid)) is not None and hit[0] == split.position
+        }
+        ask = [split for sid, split in waiting.items() if sid not in cached]
+        answers = self._settle(self.coordinator.event_times(ask)) if ask else {}
+        self._next_times = {
+            sid: (waiting[sid].position, t) for sid, t in {**cached, **answers}.items()
+        }
+        return {**cached, **answers}
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -682,6 +871,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot_id, queued in self._to_readers.items():
             to_readers.setdefault(slot_id, []).extend(queued)
         self._to_readers = {}
+        held = {s.split.split_id for slices in slots for s in slices}
+        for sid in [sid for sid in self._event_times if sid not in held]:
+            del self._event_times[sid]  # finished or removed
         self._last = BatchOffset(
             seq,
             enumerator,
@@ -690,6 +882,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._events_through,
             {slot: tuple(events) for slot, events in to_readers.items()},
             ledger,
+            dict(self._event_times),
         )
         self._unrecorded_finish = False
         return self._last
@@ -724,6 +917,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 if sid in boundaries:
                     row["backlogBoundary"] = boundaries[sid]
                     row["toBoundary"] = max(0, boundaries[sid] - split.position)
+                row.update(self._split_event_time(sid))
                 rows.append((sid, row))
             slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
         if len(rows) > self.progress_splits:
@@ -735,7 +929,62 @@ class Planner(Generic[SplitT, EnumStateT]):
             "splits": dict(rows),
             "backlog": bool(self._coordinator and self.in_backlog),
             "backlogSplits": len(boundaries),
+            **self._event_time_report(),
         }
+
+    def _split_event_time(self, split_id: str) -> dict[str, Any]:
+        """A split's watermark, and how the last batch aligned it, for :meth:`lag`."""
+        if self.event_time is None:
+            return {}
+        row: dict[str, Any] = {"watermark": iso(self._event_times.get(split_id))}
+        aligned = self._aligned
+        if aligned is not None:
+            row["idle"] = split_id in aligned.idle
+            row["paused"] = split_id in aligned.paused
+            current = aligned.current.get(split_id)
+            if current is not None and aligned.watermark is not None:
+                row["drift"] = (current - aligned.watermark) / 1_000_000
+        return row
+
+    def _event_time_report(self) -> dict[str, Any]:
+        settings = self.event_time
+        if settings is None:
+            return {}
+        report: dict[str, Any] = {"eventTimeColumn": settings.column}
+        if settings.max_drift is not None:
+            aligned = self._aligned
+            report["maxEventTimeDrift"] = settings.max_drift / 1_000_000
+            report["alignedWatermark"] = iso(aligned.watermark) if aligned else None
+            report["alignmentLimit"] = iso(aligned.limit) if aligned else None
+            report["idleSplits"] = len(aligned.idle) if aligned else 0
+            report["pausedSplits"] = len(aligned.paused) if aligned else 0
+        return report
+
+
+def _records(limit: ReadLimit) -> int | None:
+    """The most records a batch may read under ``limit`` (``None``: no record limit)."""
+    if isinstance(limit, MaxRecords):
+        return limit.records
+    if isinstance(limit, MaxBytes):
+        return limit.records
+    if isinstance(limit, MinRecords):
+        return _records(limit.then)
+    return None
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How one batch was aligned by event time (for progress): the watermark (the slowest
+    active split's event time), the limit (the latest event time the batch reads), each
+    active split's event time, the idle splits, each capped split's stop, and the splits
+    paused (capped at their position)."""
+
+    watermark: int | None
+    limit: int | None
+    current: Mapping[str, int | None]
+    idle: frozenset[str]
+    caps: Mapping[str, int]
+    paused: frozenset[str]
 
 
 def collect_garbage_less_often() -> None:

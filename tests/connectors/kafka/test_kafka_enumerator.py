@@ -16,7 +16,7 @@ import pytest
 
 from splitflow.api.assignment import flink_kafka_owner
 from splitflow.connectors.kafka import Broker, KafkaOptions, KafkaSource, resolve_starting_offsets
-from splitflow.connectors.kafka.broker import OffsetQuery
+from splitflow.connectors.kafka.broker import OffsetQuery, PeekedRecord
 from splitflow.connectors.kafka.options import StartSpec, TopicPartition
 from splitflow.errors import ConfigurationError, ConnectorError, DataLossError, SourceFailedError
 from splitflow.testing.harness import SourceHarness
@@ -52,6 +52,20 @@ class FakeCluster(Broker):
             else:
                 hits = [o for ts, o in self.times.get((topic, partition), []) if ts >= query]
                 result[(topic, partition)] = min(hits) if hits else None
+        return result
+
+    def peek(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, PeekedRecord]:
+        """The first of ``times`` at or after each offset and below the partition's end."""
+        self.requests += 1
+        result = {}
+        for tp, offset in positions.items():
+            topic, partition = tp
+            if topic not in self.logs or partition >= len(self.logs[topic]):
+                continue
+            end = self.logs[topic][partition][1]
+            there = [(o, ts) for ts, o in self.times.get(tp, []) if offset <= o < end]
+            if there:
+                result[tp] = PeekedRecord(*min(there))
         return result
 
 

@@ -11,11 +11,13 @@ crosses ``stop`` is read by the slice it started in.
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -425,6 +427,111 @@ def row_group_starts(metadata: pq.FileMetaData) -> list[int]:
     return starts
 
 
+# -- event time from Parquet statistics --------------------------------------------------------
+
+_UNIT_MICROS = {"milliseconds": (1_000, 1), "microseconds": (1, 1), "nanoseconds": (1, 1_000)}
+"""Parquet's timestamp units as (multiply, divide) to microseconds."""
+_DAY_MICROS = 86_400_000_000
+
+
+@dataclass(frozen=True)
+class RowGroupTimes:
+    """Where each row group of one Parquet file begins, and the range of its event times.
+
+    ``starts[i]`` is row group ``i``'s first byte (:func:`row_group_starts`: the offset a
+    split's position is compared with). ``low[i]`` and ``high[i]`` are the least and greatest
+    event time in it (microseconds since the epoch), None where the file has no statistics
+    for the group. ``timeless[i]`` is true for a group without any event time (no rows, or
+    nulls only): it holds no record later than any time.
+
+    Three groups at bytes 4, 100 and 200 holding times 10..20, 15..40 and 50..60:
+
+    >>> times = RowGroupTimes((4, 100, 200), (10, 15, 50), (20, 40, 60), (False,) * 3)
+    >>> times.first_time(4, 300), times.first_time(5, 300), times.first_time(201, 300)
+    (10, 15, None)
+    >>> [times.first_after(0, 300, t) for t in (5, 20, 39, 40, 55, 60)]
+    [0, 100, 100, 200, 200, 300]
+    >>> times.first_after(4, 150, 45)  # a split of bytes [0, 150) holds the first two groups
+    150
+    """
+
+    starts: tuple[int, ...]
+    low: tuple[int | None, ...]
+    high: tuple[int | None, ...]
+    timeless: tuple[bool, ...]
+
+    def _groups(self, position: int, end: int) -> Iterator[int]:
+        """The groups a split of bytes ``[.., end)`` at ``position`` still has to read."""
+        return (i for i, start in enumerate(self.starts) if position <= start < end)
+
+    def first_time(self, position: int, end: int) -> int | None:
+        """The least event time of the next group with one, from byte ``position`` (a lower
+        bound of the next record's), or None: no such group, or no statistics for it."""
+        for i in self._groups(position, end):
+            if not self.timeless[i]:
+                return self.low[i]
+        return None
+
+    def first_after(self, position: int, end: int, event_time: int) -> int:
+        """Where the first group from ``position`` begins that may hold an event time after
+        ``event_time`` (a group without statistics may), else ``end``: reading
+        ``[position, it)`` reads nothing later than ``event_time``. ``position`` itself
+        when that group is the next one to read (no record lies before it)."""
+        for n, i in enumerate(self._groups(position, end)):
+            high = self.high[i]
+            if not self.timeless[i] and (high is None or high > event_time):
+                return position if n == 0 else self.starts[i]
+        return end
+
+
+def row_group_times(metadata: pq.FileMetaData, column: str) -> RowGroupTimes | None:
+    """The event-time index of a Parquet file from its footer's statistics of ``column``.
+
+    None when the file cannot give one: it has no top-level column ``column``, or its type
+    is not a timestamp (any unit; one without a time zone is taken as UTC) or a date.
+    Groups without statistics have ``low``/``high`` None.
+    """
+    schema = metadata.schema
+    index = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    if index is None:
+        return None
+    to_micros = _to_micros(schema.column(index))
+    if to_micros is None:
+        return None
+    low: list[int | None] = []
+    high: list[int | None] = []
+    timeless = []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        stats = group.column(index).statistics if group.column(index).is_stats_set else None
+        nulls_only = (
+            stats is not None and stats.has_null_count and stats.null_count >= group.num_rows
+        )
+        timeless.append(group.num_rows == 0 or nulls_only)
+        if stats is not None and stats.has_min_max:
+            low.append(to_micros(stats.min_raw))
+            high.append(to_micros(stats.max_raw))
+        else:
+            low.append(None)
+            high.append(None)
+    return RowGroupTimes(
+        tuple(row_group_starts(metadata)), tuple(low), tuple(high), tuple(timeless)
+    )
+
+
+def _to_micros(column: pq.ColumnSchema) -> Callable[[Any], int] | None:
+    """How a raw statistic of ``column`` becomes microseconds since the epoch, if it can."""
+    logical = column.logical_type
+    if logical.type == "DATE" and column.physical_type == "INT32":
+        return lambda raw: int(raw) * _DAY_MICROS
+    if logical.type == "TIMESTAMP" and column.physical_type == "INT64":
+        unit = json.loads(logical.to_json()).get("timeUnit")
+        if unit in _UNIT_MICROS:
+            times, per = _UNIT_MICROS[unit]
+            return lambda raw: int(raw) * times // per
+    return None
+
+
 __all__ = [
     "FORMATS",
     "BadFileError",
@@ -432,6 +539,7 @@ __all__ = [
     "FileEntry",
     "LineRanges",
     "PartialParse",
+    "RowGroupTimes",
     "check_columns",
     "conform",
     "csv_header",
@@ -442,4 +550,5 @@ __all__ = [
     "parse_lines",
     "resolve",
     "row_group_starts",
+    "row_group_times",
 ]

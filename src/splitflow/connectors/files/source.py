@@ -16,6 +16,10 @@
   that age.
 * **Clean-up.** With ``clean_source`` ``delete`` or ``archive``, a file is deleted or moved
   to ``archive_dir`` once the checkpoint that records it as finished completed.
+* **Event time.** For Parquet, with ``event_time_column`` (Spark's ``eventTimeColumn``), the
+  enumerator answers ``event_times`` and ``positions_after`` from the row-group statistics
+  in each file's footer (:class:`~splitflow.connectors.files.formats.RowGroupTimes`), read
+  once per file and run; JSON lines and CSV have no statistics, so they have no index.
 * **Bad input.** See :mod:`splitflow.connectors.files.reader`; quarantined ranges are kept
   in the enumerator state (:attr:`FilesState.quarantine`), visible in every checkpoint.
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
@@ -42,11 +47,13 @@ from splitflow.connectors.files.formats import (
     FORMATS,
     CsvOptions,
     FileEntry,
+    RowGroupTimes,
     format_of,
     glob_regex,
     infer_schema,
     list_files,
     resolve,
+    row_group_times,
 )
 from splitflow.connectors.files.reader import (
     BatchesEmitter,
@@ -208,6 +215,8 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         self._to_clean: dict[str, int | None] = {}  # path -> checkpoint recording it finished
         self._parts: dict[str, int] = {}  # path -> parts, for files seen in this run
         self._path_of: dict[str, str] = {}  # split id -> path, for splits seen in this run
+        # path -> ((size, mtime_ns) read, its event-time index): footers read once per file
+        self._times: dict[str, tuple[tuple[int, int], RowGroupTimes | None]] = {}
         context.metrics.gauge("quarantinedRanges", lambda: len(self._quarantine))
         context.metrics.gauge("admittedSplits", lambda: len(self._admitted))
 
@@ -261,6 +270,55 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
                     )
         return result
 
+    def event_times(self, splits: Sequence[FileSplit]) -> Mapping[str, int]:
+        """The least event time in the next row group of each split (a lower bound of its
+        next record's), from the Parquet footer's statistics.
+
+        Called by: the coordinator thread, when the runtime aligns splits by event time.
+        Blocking: reads the footer of each file not seen before (once per file and run; a
+        file is forgotten when read or vanished).
+        Left out: splits of files without an index (not Parquet, no usable column, an
+        unreadable footer), splits with no row group left, and row groups without statistics.
+        """
+        result = {}
+        for split in splits:
+            times = self._times_of(split)
+            first = None if times is None else times.first_time(split.position, split.end)
+            if first is not None:
+                result[split.split_id] = first
+        return result
+
+    def positions_after(self, splits: Sequence[FileSplit], event_time: int) -> Mapping[str, int]:
+        """Where the first row group from each split's position begins that may hold an
+        event time after ``event_time`` (its statistics say so, or it has none), else the
+        split's end. That is the position itself when its next row group may.
+
+        Called by, blocking and left out: as :meth:`event_times`.
+        """
+        result = {}
+        for split in splits:
+            times = self._times_of(split)
+            if times is not None:
+                result[split.split_id] = times.first_after(split.position, split.end, event_time)
+        return result
+
+    def _times_of(self, split: FileSplit) -> RowGroupTimes | None:
+        """The event-time index of ``split``'s file, its footer read on first use."""
+        column = self._source.event_time_column
+        if column is None:
+            return None
+        identity = (split.size, split.mtime_ns)
+        cached = self._times.get(split.path)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        try:
+            times = self._source.row_group_times(split.path, split.size, column)
+        except OSError as error:  # perhaps passing (a vanished file is the reader's to report)
+            log.debug("splitflow: no event-time index for %s: %s", split.path, error)
+            return None
+        self._times[split.path] = (identity, times)
+        return times
+
     def _fresh_files(self) -> int:
         return len({self._path_of.get(sid, sid) for sid in self._fresh})
 
@@ -283,6 +341,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
                 fail=self._source.fail_on_data_loss,
             )
             self._skipped.add(split.split_id)
+        self._times.pop(split.path, None)
         return _extent(split.position, True)
 
     def _admit(self, pending: Mapping[str, list[FileSplit]]) -> list[tuple[str, list[FileSplit]]]:
@@ -341,6 +400,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         done = self._finished_now | self._restored_finished
         if all(split_id(path, i, parts) in done for i in range(parts)):
             self._parts.pop(path, None)
+            self._times.pop(path, None)
             self._finished_now.difference_update(split_id(path, i, parts) for i in range(parts))
             if self._source.clean_source != "off":
                 self._to_clean.setdefault(path, None)
@@ -410,6 +470,7 @@ class FilesSource(
         fail_on_data_loss: bool = True,
         csv: CsvOptions | None = None,
         bounded: bool = False,
+        event_time_column: str | None = None,
     ) -> None:
         if format not in FORMATS:
             raise ConfigurationError(
@@ -449,6 +510,7 @@ class FilesSource(
         self.fail_on_data_loss = fail_on_data_loss
         self.csv = csv or CsvOptions()
         self.bounded = bounded
+        self.time_column = event_time_column
         _, base = self.filesystem()
         if clean_source == "archive":
             if not archive_dir:
@@ -484,6 +546,26 @@ class FilesSource(
             )
         fs, _ = self.filesystem()
         return infer_schema(fs, files[0], self.format, self.csv)
+
+    def row_group_times(self, path: str, size: int, column: str) -> RowGroupTimes | None:
+        """The event-time index of ``column`` in the Parquet file at ``path`` (its footer).
+
+        None when the file has none: ``column`` is not a timestamp or date in it, the footer
+        is unreadable, or the file is no longer ``size`` bytes (it changed; the reader
+        reports that). Raises OSError when the file cannot be opened. May block (I/O).
+        """
+        fs, _ = self.filesystem()
+        with fs.open_input_file(path) as f:
+            if f.size() != size:
+                return None
+            try:
+                metadata = pq.read_metadata(f)
+            except pa.ArrowException as error:
+                if isinstance(error, OSError):
+                    raise
+                log.debug("splitflow: no event-time index for %s: %s", path, error)
+                return None
+        return row_group_times(metadata, column)
 
     def require_schema(self) -> pa.Schema:
         if self.schema is None:
@@ -534,6 +616,12 @@ class FilesSource(
             BatchesEmitter(),
             context,
         )
+
+    @property
+    def event_time_column(self) -> str | None:
+        """``event_time_column`` as given, for Parquet: the enumerator indexes it by the
+        row-group statistics. None for JSON lines and CSV (no statistics to index)."""
+        return self.time_column if self.format == "parquet" else None
 
     @property
     def split_codec(self) -> Codec[FileSplit]:

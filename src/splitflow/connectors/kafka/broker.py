@@ -2,30 +2,50 @@
 
 :class:`Broker` is the enumerator's whole view of the cluster: topics with their partition
 counts and offsets by spec (earliest, latest, first at or after a timestamp), each one
-batched round trip. Unit tests give the enumerator a fake; :class:`ConfluentBroker` asks a
-real cluster through confluent-kafka's ``AdminClient``, every request bounded by
-``request_timeout``, every failure translated into a :class:`~splitflow.errors.ConnectorError`
-that names ``kafka.bootstrap.servers`` (never a secret setting).
+batched round trip, and a peek at the first record at given offsets (Kafka has no index of
+record timestamps by offset). Unit tests give the enumerator a fake; :class:`ConfluentBroker`
+asks a real cluster through confluent-kafka's ``AdminClient`` (and, to peek, a
+``Consumer``), every request bounded by ``request_timeout``, every failure translated into a
+:class:`~splitflow.errors.ConnectorError` that names ``kafka.bootstrap.servers`` (never a
+secret setting).
+
+Tansu (the tests' broker) answers a look-up by timestamp from the time it appended each
+record, not from the record's own timestamp, and answers "no record reaches it" with offset
+0 and timestamp -1 (Kafka: offset -1): :meth:`ConfluentBroker.offsets` reads an answer whose
+timestamp is below the query as "none", as the protocol means it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Literal
+from contextlib import suppress
+from typing import Any, Literal, NamedTuple
 
 from splitflow.connectors.kafka.options import ClientConfig, TopicPartition
 from splitflow.errors import ConnectorError
 
+log = logging.getLogger("splitflow.kafka")
+
 OffsetQuery = Literal["earliest", "latest"] | int
 """``earliest``, ``latest``, or a timestamp in ms (the first offset at or after it)."""
+
+
+class PeekedRecord(NamedTuple):
+    """The first record at or after an offset: its offset, and its timestamp in ms."""
+
+    offset: int
+    timestamp: int
 
 
 class Broker(ABC):
     """A Kafka cluster, as the enumerator sees it.
 
     Called by: the enumerator's worker thread (discovery) and its coordinator thread
-    (``latest_positions``); implementations must be thread-safe.
+    (``latest_positions``, ``event_times``, ``positions_after``); implementations must be
+    thread-safe.
     Blocking: every method is one bounded round trip.
     """
 
@@ -41,6 +61,18 @@ class Broker(ABC):
 
         A partition that does not exist is left out of the result. A timestamp that no
         record reaches resolves to ``None``.
+        """
+
+    @abstractmethod
+    def peek(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, PeekedRecord]:
+        """The first record at or after each partition's offset, read and not committed.
+
+        Sees what a reader with the same settings sees: with ``isolation.level=
+        read_committed``, committed records only. Left out: a partition with no record
+        there yet (the offset is its end), one that does not exist or whose offset is out
+        of range, one that said nothing within the request timeout, and a record without a
+        timestamp (``NOT_AVAILABLE``).
+        Blocking: one consume loop for all partitions, bounded by the request timeout.
         """
 
     def close(self) -> None:  # noqa: B027 (optional hook)
@@ -60,7 +92,8 @@ class ConfluentBroker(Broker):
     """:class:`Broker` over confluent-kafka's ``AdminClient``.
 
     ``isolation``: ``read_committed`` makes ``latest`` the last stable offset (the end of
-    committed transactions), as a consumer with that isolation level sees it.
+    committed transactions), as a consumer with that isolation level sees it; :meth:`peek`
+    reads with a consumer of the readers' settings (:func:`consumer_settings`).
     """
 
     def __init__(self, client: ClientConfig, *, request_timeout: float = 30.0) -> None:
@@ -71,6 +104,7 @@ class ConfluentBroker(Broker):
         }
         settings.setdefault("socket.timeout.ms", str(int(request_timeout * 1000)))
         self._servers = client.bootstrap_servers
+        self._client = client
         self._timeout = request_timeout
         self._read_committed = client.settings.get("isolation.level") == "read_committed"
         try:
@@ -129,6 +163,7 @@ class ConfluentBroker(Broker):
             raise self._fail("answer an offsets request", exc) from exc
         result: dict[TopicPartition, int | None] = {}
         for tp, future in futures.items():
+            query = queries[(tp.topic, tp.partition)]
             try:
                 info = future.result(timeout=self._timeout + 5)
             except Exception as exc:
@@ -141,11 +176,117 @@ class ConfluentBroker(Broker):
                     continue  # deleted: left out
                 raise self._fail(f"tell the offsets of {tp.topic}-{tp.partition}", exc) from exc
             offset = int(info.offset)
+            if isinstance(query, int) and int(info.timestamp) < query:
+                offset = -1  # a record before the query is no answer (Tansu's "none")
             result[(tp.topic, tp.partition)] = None if offset < 0 else offset
         return result
 
+    def peek(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, PeekedRecord]:
+        """See :meth:`Broker.peek`: one consumer per call, assigned every partition at its
+        offset, closed after it.
+
+        A consumer per call, not one kept: a kept librdkafka handle keeps (and refreshes)
+        every topic it ever read, and once one of them is deleted its next fetch crashes the
+        process on Tansu (librdkafka 2.16). A new one costs a connection, under 10 ms here.
+        """
+        if not positions:
+            return {}
+        from confluent_kafka import Consumer
+        from confluent_kafka import TopicPartition as Tp
+
+        client_errors: list[Any] = []  # librdkafka reports these to a callback only
+        settings = consumer_settings(self._client)
+        settings["fetch.wait.max.ms"] = 10  # a partition at its end answers at once
+        settings["error_cb"] = client_errors.append
+        try:
+            consumer = Consumer(settings)
+        except Exception as exc:
+            raise _client_error(exc, "create a Kafka consumer") from exc
+        try:
+            try:
+                consumer.assign([Tp(t, p, offset) for (t, p), offset in positions.items()])
+            except Exception as exc:
+                raise self._fail("accept a consumer's assignment", exc) from exc
+            return self._peek(consumer, positions, client_errors)
+        finally:
+            with suppress(Exception):
+                consumer.close()
+
+    def _peek(
+        self, consumer: Any, positions: Mapping[TopicPartition, int], client_errors: list[Any]
+    ) -> dict[TopicPartition, PeekedRecord]:
+        """Consume until every partition gave a record or an end, or time is up.
+
+        Fails when the client cannot log in, or when no partition answered and the client
+        could not reach the cluster; partitions silent until then are left out.
+        """
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+        found: dict[TopicPartition, PeekedRecord] = {}
+        waiting = set(positions)
+        checked = 0  # client errors looked at
+        deadline = time.monotonic() + self._timeout
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            try:
+                messages = consumer.consume(500, timeout=min(left, 0.005))
+            except Exception as exc:
+                raise self._fail("return records", exc) from exc
+            for error in client_errors[checked:]:
+                self._peek_error(error, None)  # raises if the client cannot log in
+            checked = len(client_errors)
+            for message in messages:
+                tp = (message.topic(), message.partition())
+                error = message.error()
+                if error is not None and not self._peek_error(error, tp):
+                    continue  # transient
+                if tp not in waiting:
+                    continue  # already answered
+                waiting.discard(tp)
+                kind, timestamp = message.timestamp()
+                if error is None and kind != TIMESTAMP_NOT_AVAILABLE:
+                    found[tp] = PeekedRecord(message.offset(), timestamp)
+        down = [e for e in client_errors if e.name() in _DOWN]
+        if down and len(waiting) == len(positions):
+            raise self._fail("return records", Exception(down[-1]))
+        if waiting:  # e.g. deleted meanwhile: a consumer hears nothing of a deleted topic
+            log.debug("splitflow: no record or end within %gs for %s", self._timeout, waiting)
+        return found
+
+    def _peek_error(self, error: Any, tp: tuple[str, int] | None) -> bool:
+        """Whether ``error`` answers for ``tp`` (no record there); raises if it is fatal.
+
+        ``tp``: None for an error of the client, not of a partition.
+        """
+        name = error.name()
+        if name in _NO_RECORD:
+            return True
+        if name in AUTH_FAILED or error.fatal():
+            raise ConnectorError(
+                f"Kafka at kafka.bootstrap.servers={self._servers} refused to let the client "
+                f"read: {name}: {error.str()} (check kafka.security.protocol and the "
+                "kafka.sasl.* / kafka.ssl.* options)"
+            )
+        log.debug("splitflow: transient Kafka error while peeking %s: %s", tp, error.str())
+        return False
+
     def close(self) -> None:
         self._admin = None
+
+
+# librdkafka's error names, by what they mean for a partition being read or peeked
+GONE = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC"})
+OUT_OF_RANGE = frozenset({"OFFSET_OUT_OF_RANGE", "_AUTO_OFFSET_RESET"})
+AUTH_FAILED = frozenset(
+    {
+        "_AUTHENTICATION",
+        "SASL_AUTHENTICATION_FAILED",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "_SSL",
+    }
+)
+_NO_RECORD = GONE | OUT_OF_RANGE | {"_PARTITION_EOF"}
+_DOWN = {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE"}
 
 
 def _client_error(exc: BaseException, what: str) -> ConnectorError:

@@ -38,7 +38,13 @@ import pyarrow as pa
 
 from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.split import SplitState
-from splitflow.connectors.kafka.broker import consumer_settings, describe_kafka_error
+from splitflow.connectors.kafka.broker import (
+    AUTH_FAILED,
+    GONE,
+    OUT_OF_RANGE,
+    consumer_settings,
+    describe_kafka_error,
+)
 from splitflow.connectors.kafka.source import KafkaSource, KafkaSplit
 from splitflow.errors import ConnectorError, DataLossError
 from splitflow.reader import (
@@ -133,17 +139,6 @@ class _Cursor:
     @property
     def split_id(self) -> str:
         return self.split.split_id
-
-
-_GONE = {"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC"}
-_OUT_OF_RANGE = {"OFFSET_OUT_OF_RANGE", "_AUTO_OFFSET_RESET"}
-_AUTH = {
-    "_AUTHENTICATION",
-    "SASL_AUTHENTICATION_FAILED",
-    "TOPIC_AUTHORIZATION_FAILED",
-    "CLUSTER_AUTHORIZATION_FAILED",
-    "_SSL",
-}
 
 
 class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit]):
@@ -321,14 +316,14 @@ class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit
                 cursor.eof_at = message.offset()
             return
         where = cursor.split_id if cursor is not None else None
-        if cursor is not None and name in _GONE:
+        if cursor is not None and name in GONE:
             self._lost(cursor, f"its topic or partition no longer exists ({name})")
             return
-        if cursor is not None and name in _OUT_OF_RANGE:
+        if cursor is not None and name in OUT_OF_RANGE:
             self._lost(cursor, f"offset {cursor.position} is out of range: aged out ({name})")
             return
         servers = self._options.client.bootstrap_servers
-        if name in _AUTH:
+        if name in AUTH_FAILED:
             raise ConnectorError(
                 f"Kafka at kafka.bootstrap.servers={servers} refused the client: {error.str()} "
                 "(check kafka.security.protocol and the kafka.sasl.* / kafka.ssl.* options)"

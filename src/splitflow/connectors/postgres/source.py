@@ -347,6 +347,11 @@ class PostgresCdcSource(
     def estimates_size(self) -> bool:
         return True
 
+    @property
+    def event_time_column(self) -> str:
+        """The commit time (null for snapshot rows: chunks carry no event time)."""
+        return "commit_ts"
+
     def create_enumerator(
         self, context: SplitEnumeratorContext[CdcSplit]
     ) -> SplitEnumerator[CdcSplit, CdcState]:

@@ -1,0 +1,166 @@
+"""Event time on Spark: what a task reports per split, and how the planner aligns splits.
+
+Spark keeps one watermark per query: the largest event time seen, less the delay given to
+``withWatermark``. A split that lags behind the others (a backlog, a slow producer) then has
+its records dropped as late. splitflow plans how far every split reads in every batch, so it
+can keep the splits together (FLIP-182 and FLIP-217):
+
+* each task reports, per split, the latest event time it read (:class:`EventTimeCollector`,
+  through the state directory); the planner keeps each split's largest, its *watermark*,
+  in every offset;
+* a split with nothing to read for ``splitIdleTimeout`` is *idle* and holds nobody back;
+* with ``maxEventTimeDrift``, no batch reads records more than the drift past the earliest
+  record an active split has left once the batch is read (the planner's floor, see
+  :meth:`~splitflow.spark.planner.Planner._align`); :func:`alignment_caps` stops each split
+  there: exactly, up to a position, where the source maps event time to positions
+  (:meth:`~splitflow.api.enumerator.SplitEnumerator.positions_after`), else by pausing the
+  split for the batch.
+
+See ``docs/event-time.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from splitflow.errors import ConnectorError
+from splitflow.reader.output import Collector
+
+_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0}
+
+
+@dataclass(frozen=True)
+class EventTimeSettings:
+    """A query's event-time options: the column, and alignment if ``max_drift`` is set.
+
+    ``max_drift`` and ``idle_timeout`` in microseconds and seconds. ``indexed``: the source's
+    enumerator answers ``event_times``/``positions_after`` for ``column``.
+    """
+
+    column: str
+    max_drift: int | None = None
+    idle_timeout: float = 60.0
+    indexed: bool = False
+
+
+def micros(value: Any, type_: pa.DataType) -> int:
+    """A timestamp or date scalar's raw value as microseconds since the epoch."""
+    if pa.types.is_timestamp(type_):
+        unit = type_.unit
+        return int(value) // 1_000 if unit == "ns" else int(value) * _MICROS[unit]
+    if pa.types.is_date32(type_):
+        return int(value) * 86_400_000_000
+    if pa.types.is_date64(type_):
+        return int(value) * 1_000
+    raise TypeError(type_)
+
+
+def iso(event_time: int | None) -> str | None:
+    """Microseconds since the epoch as an ISO-8601 UTC time (for progress and views)."""
+    if event_time is None:
+        return None
+    return datetime.fromtimestamp(event_time / 1_000_000, UTC).isoformat(timespec="milliseconds")
+
+
+class EventTimeCollector(Collector[Any]):
+    """A task's output that keeps the latest event time of each split's record batches.
+
+    Readers collect split ``x``'s records into ``for_split(x)`` (a
+    :class:`~splitflow.api.reader.SplitOutputs`); every record lands in this list, and
+    :attr:`event_times` holds the largest value of ``column`` per split.
+    """
+
+    def __init__(self, column: str) -> None:
+        super().__init__()
+        self.column = column
+        self.event_times: dict[str, int] = {}
+        self._outputs: dict[str, _SplitCollector] = {}
+
+    def for_split(self, split_id: str) -> _SplitCollector:
+        output = self._outputs.get(split_id)
+        if output is None:
+            output = self._outputs[split_id] = _SplitCollector(self, split_id)
+        return output
+
+    def observe(self, split_id: str, record: Any) -> None:
+        if not isinstance(record, pa.RecordBatch | pa.Table):
+            raise ConnectorError(
+                f"option eventTimeColumn: split {split_id} gives {type(record).__name__} "
+                "records; event time is read from Arrow record batches only"
+            )
+        index = record.schema.get_field_index(self.column)
+        if index < 0:
+            raise ConnectorError(
+                f"option eventTimeColumn: split {split_id}'s records have no column "
+                f"{self.column!r} (columns: {', '.join(record.schema.names)})"
+            )
+        column = record.column(index)
+        type_ = column.type
+        if not (pa.types.is_timestamp(type_) or pa.types.is_date(type_)):
+            raise ConnectorError(
+                f"option eventTimeColumn: column {self.column!r} of split {split_id} is "
+                f"{type_}, not a timestamp or a date"
+            )
+        if len(column) == 0:
+            return
+        latest = pc.max(column)
+        if not latest.is_valid:
+            return  # only nulls (a Kafka record without a timestamp)
+        value = micros(latest.value, type_)
+        if value > self.event_times.get(split_id, -(2**63)):
+            self.event_times[split_id] = value
+
+
+class _SplitCollector:
+    __slots__ = ("_owner", "_split_id")
+
+    def __init__(self, owner: EventTimeCollector, split_id: str) -> None:
+        self._owner, self._split_id = owner, split_id
+
+    def collect(self, record: Any) -> None:
+        self._owner.observe(self._split_id, record)
+        self._owner.append(record)
+
+
+def alignment_caps(
+    waiting: Mapping[str, int],
+    current: Mapping[str, int | None],
+    limit: int | None,
+    exact: Mapping[str, int],
+) -> dict[str, int]:
+    """Where each split waiting to read must stop this batch (splits left out are free).
+
+    ``waiting``: split id -> position, of the active splits with records to read.
+    ``current``: every active split's event time (the next record's, or the latest read),
+    ``None`` when unknown. ``limit``: the latest event time the batch may read. ``exact``:
+    for splits the source maps, the first position whose record is after ``limit``.
+
+    A waiting split of unknown event time holds every known one back (it is read alone,
+    and reports where it stands). Otherwise a split whose event time is past the limit
+    pauses; a mapped split stops at its mapped position, unless that would stop the split
+    while its next record is within the limit (timestamps out of order): it is read then.
+
+    >>> alignment_caps({"a": 10, "b": 20, "c": 30}, {"a": 100, "b": 120, "c": 131}, 130, {})
+    {'c': 30}
+    >>> alignment_caps({"a": 10, "b": 20}, {"a": 100, "b": 120}, 130, {"a": 15, "b": 20})
+    {'a': 15}
+    """
+    if any(current.get(sid) is None for sid in waiting):
+        return {sid: pos for sid, pos in waiting.items() if current.get(sid) is not None}
+    if limit is None:
+        return {}
+    caps = {}
+    for sid, position in waiting.items():
+        now = current[sid]
+        assert now is not None
+        if sid in exact and (exact[sid] > position or now > limit):
+            caps[sid] = max(position, exact[sid])
+        elif now > limit:
+            caps[sid] = position
+    return caps
