@@ -5,8 +5,11 @@ that much before the others' (a partition behind on a backlog); ``stall`` and
 ``stallAfter``: split ``stall`` gets no new rows after its first ``stallAfter`` (a
 partition that goes quiet); ``mapsPositions=false``: the enumerator tells event times but
 maps no position (as Kafka's), so the planner searches positions itself; ``unit``: it maps
-positions only to multiples of ``unit`` rows, as a coarse index does (Parquet's row groups).
-Importable in executors (the repository root is on their path).
+positions only to multiples of ``unit`` rows, as a coarse index does (Parquet's row groups);
+``starts`` and ``rates`` (comma lists, one per split): each split's first event time, in
+seconds after ``startTime`` (instead of ``lag``), and its rows per second of event time (all
+rows exist: the generator's clock is far ahead). Importable in executors (the repository
+root is on their path).
 """
 
 from __future__ import annotations
@@ -32,14 +35,30 @@ class LaggingGenerator(GeneratorSource):
         stall_after: int = 0,
         maps_positions: bool = True,
         unit: int = 1,
+        starts: list[float] | None = None,
+        rates: list[float] | None = None,
         **kw: Any,
     ) -> None:
+        if rates is not None:
+            kw["clock"] = lambda: 1e12  # every row of every rate exists
         super().__init__(*args, **kw)
         self.lag_us, self.stall, self.stall_after = lag_us, stall, stall_after
         self.maps_positions, self.unit = maps_positions, unit
+        self.starts, self.rates = starts, rates
 
     def splits(self, start_us: int = 0) -> list[GeneratorSplit]:
         splits = super().splits(start_us)
+        if self.starts is not None or self.rates is not None:
+            starts = self.starts or [0.0] * len(splits)
+            return [
+                GeneratorSplit(
+                    s.index,
+                    s.rows,
+                    s.start_us + round(starts[s.index] * 1e6),
+                    s.rate if self.rates is None else self.rates[s.index],
+                )
+                for s in splits
+            ]
         return [
             GeneratorSplit(s.index, s.rows, s.start_us - self.lag_us, s.rate) if s.index == 3 else s
             for s in splits
@@ -98,4 +117,10 @@ class LaggingDataSource(GeneratorDataSource):
             stall_after=int(self.options.get("stallafter", "0")),
             maps_positions=self.options.get("mapspositions", "true") == "true",
             unit=int(self.options.get("unit", "1")),
+            starts=_floats(self.options.get("starts")),
+            rates=_floats(self.options.get("rates")),
         )
+
+
+def _floats(text: str | None) -> list[float] | None:
+    return None if text is None else [float(v) for v in text.split(",")]

@@ -18,6 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
@@ -25,7 +27,7 @@ from tests.spark.lagging import LaggingDataSource
 
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import _partitions, read_partition
-from splitflow.spark.eventtime import EventTimeSettings, alignment_caps
+from splitflow.spark.eventtime import EventTimeSettings
 from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.planner import BatchOffset, MaxRecords, Planner
 
@@ -131,34 +133,17 @@ def per_split_max(table: pa.Table) -> dict[int, int]:
 # -- the rule -------------------------------------------------------------------------------
 
 
-def test_caps_pause_splits_ahead_of_the_slowest_by_more_than_the_drift() -> None:
-    caps = alignment_caps(
-        {"a": 10, "b": 20, "c": 30}, {"a": 100, "b": 129, "c": 131}, limit=130, exact={}
-    )
-    assert caps == {"c": 30}
-
-
-def test_caps_stop_mapped_splits_at_their_mapped_position() -> None:
-    caps = alignment_caps(
-        {"a": 10, "b": 20}, {"a": 100, "b": 110}, limit=130, exact={"a": 15, "b": 25}
-    )
-    assert caps == {"a": 15, "b": 25}
-
-
-def test_a_split_whose_mapped_stop_is_its_position_but_whose_time_is_within_reads() -> None:
-    """A coarse index (a row group) must not stall the slowest split."""
-    caps = alignment_caps({"a": 10}, {"a": 100}, limit=130, exact={"a": 10})
-    assert caps == {}
-
-
-def test_a_split_of_unknown_event_time_is_read_alone() -> None:
-    caps = alignment_caps({"a": 10, "new": 0}, {"a": 100, "new": None}, limit=130, exact={})
-    assert caps == {"a": 10}
-
-
-def test_an_active_split_without_records_holds_the_others_at_its_watermark() -> None:
-    caps = alignment_caps({"b": 20}, {"a": 100, "b": 140}, limit=130, exact={})
-    assert caps == {"b": 20}
+def invariant_holds(run: Run, latest: int) -> bool:
+    """After the batch just planned, ``latest`` (the latest event time read so far) is at
+    most the drift past the next record of every split with records left."""
+    planned = BatchOffset.decode(run.offset, run.source)
+    unread = [
+        s.split.event_time(s.stop)
+        for slot in planned.slots
+        for s in slot
+        if s.split.rows is None or s.stop < s.split.rows
+    ]
+    return not unread or latest <= min(unread) + 30 * SECOND
 
 
 # -- through the planner and the task code ---------------------------------------------------
@@ -194,14 +179,7 @@ def test_no_batch_reads_more_than_the_drift_past_any_split_s_next_record(tmp_pat
         assert table is not None
         assert table.num_rows > 0
         latest = max(latest, *per_split_max(table).values())
-        planned = BatchOffset.decode(run.offset, run.source)
-        unread = [
-            s.split.event_time(s.stop)
-            for slot in planned.slots
-            for s in slot
-            if s.split.rows is None or s.stop < s.split.rows
-        ]
-        assert latest <= min(unread) + 30 * SECOND
+        assert invariant_holds(run, latest)
     # the lagging split caught up: all four are within the drift of each other
     assert max(run.watermarks().values()) - min(run.watermarks().values()) <= 30 * SECOND
 
@@ -256,6 +234,69 @@ def test_a_coarse_index_neither_lets_a_split_past_the_limit_nor_stalls_it(
                     exact = split.first_after(limit)
                     straddled += exact - exact % 50_000 <= split.position
     assert straddled > 0, "no batch put a unit across the limit: the test tests nothing"
+
+
+def test_a_quiet_split_is_not_left_late_when_the_batch_is_shared_again(tmp_path: Path) -> None:
+    """Split 0 has a record a second from 0 s, splits 1 and 2 a hundred a second from 100 s.
+    Cut to the drift, the busy splits leave budget that goes, shared again, mostly to
+    them: the bound must hold for what each split reads in the end, not for the shares it
+    was computed from (a review found 38 rows of split 0 late here)."""
+    ds = lagging(tmp_path, splits="3", rowsPerSplit="100000", starts="0,100,100", rates="1,100,100")
+    run = Run(ds, FakeClock())
+    latest = 0
+    for _ in range(8):
+        table = run.batch(1_000)
+        assert table is not None
+        latest = max(latest, *per_split_max(table).values())
+        assert invariant_holds(run, latest)
+    assert dropped_by_spark(run.batches) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    splits=st.lists(
+        st.tuples(
+            st.integers(0, 100),  # first event time, seconds
+            st.sampled_from([0.1, 1.0, 10.0, 100.0, 1000.0]),  # rows per second
+            st.sampled_from([50, 500, 5_000, 100_000]),  # rows
+        ),
+        min_size=2,
+        max_size=4,
+    ),
+    budget=st.sampled_from([1, 2, 3, 7, 50, 300, 2_000]),
+    index=st.sampled_from(["exact", "searched", "unit=10", "unit=100", "unit=1000"]),
+)
+def test_no_split_is_left_late_and_none_stalls(
+    splits: list[tuple[int, float, int]], budget: int, index: str
+) -> None:
+    """Any starts, rates, lengths, budgets and indexes (exact, searched, coarse): after every
+    batch no split has a record left more than the drift before the latest event time read,
+    and while records are left, a batch is planned."""
+    import tempfile
+
+    options = {
+        "splits": str(len(splits)),
+        "rowsPerSplit": str(max(rows for _, _, rows in splits)),
+        "starts": ",".join(str(start) for start, _, _ in splits),
+        "rates": ",".join(str(rate) for _, rate, _ in splits),
+    }
+    if index == "searched":
+        options["mapsPositions"] = "false"
+    elif index.startswith("unit="):
+        options["unit"] = index[5:]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(lagging(Path(tmp), **options), FakeClock())
+        latest = 0
+        for _ in range(40):
+            table = run.batch(budget)
+            planned = BatchOffset.decode(run.offset, run.source)
+            left = any(s.stop < s.split.rows for slot in planned.slots for s in slot)
+            if table is None:
+                assert not left, "a trigger planned no batch with records left"
+                break
+            if table.num_rows:  # (a batch may only record splits that finished)
+                latest = max(latest, *per_split_max(table).values())
+            assert invariant_holds(run, latest)
 
 
 def test_watermarks_in_the_offset_are_the_latest_event_time_read_per_split(
@@ -363,7 +404,8 @@ def test_progress_reports_watermarks_drift_and_paused_splits(tmp_path: Path) -> 
 
 
 def test_an_unindexed_source_aligns_by_pausing(tmp_path: Path) -> None:
-    """Without an index the first batch reads blind; from then on splits ahead pause."""
+    """Without an index the first batch reads one row of each split, to learn where it
+    stands; from then on splits ahead of the slowest by more than the drift pause."""
     clock = FakeClock()
     ds = lagging(tmp_path)
     assert ds.event_time is not None
@@ -371,7 +413,7 @@ def test_an_unindexed_source_aligns_by_pausing(tmp_path: Path) -> None:
     run = Run(ds, clock, event_time=settings)
     first = run.batch(40_000)
     assert first is not None
-    assert set(per_split_max(first)) == {0, 1, 2, 3}
+    assert sorted(first["split"].to_pylist()) == [0, 1, 2, 3]
     second = run.batch(40_000)
     assert second is not None
     assert set(per_split_max(second)) == {3}

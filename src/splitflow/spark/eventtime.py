@@ -10,18 +10,17 @@ can keep the splits together (FLIP-182 and FLIP-217):
   in every offset;
 * a split with nothing to read for ``splitIdleTimeout`` is *idle* and holds nobody back;
 * with ``maxEventTimeDrift``, no batch reads records more than the drift past the earliest
-  record an active split has left once the batch is read (the planner's floor, see
-  :meth:`~splitflow.spark.planner.Planner._align`); :func:`alignment_caps` stops each split
-  there: exactly, up to a position, where the source maps event time to positions
-  (:meth:`~splitflow.api.enumerator.SplitEnumerator.positions_after`), else by pausing the
-  split for the batch.
+  record an active split has left once the batch is read (its floor; see
+  :meth:`~splitflow.spark.planner.Planner._align`): each split stops there exactly where
+  the source tells event times
+  (:meth:`~splitflow.api.enumerator.SplitEnumerator.positions_after`), else a split whose
+  watermark is too far ahead pauses for the batch.
 
 See ``docs/event-time.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -126,41 +125,3 @@ class _SplitCollector:
     def collect(self, record: Any) -> None:
         self._owner.observe(self._split_id, record)
         self._owner.append(record)
-
-
-def alignment_caps(
-    waiting: Mapping[str, int],
-    current: Mapping[str, int | None],
-    limit: int | None,
-    exact: Mapping[str, int],
-) -> dict[str, int]:
-    """Where each split waiting to read must stop this batch (splits left out are free).
-
-    ``waiting``: split id -> position, of the active splits with records to read.
-    ``current``: every active split's event time (the next record's, or the latest read),
-    ``None`` when unknown. ``limit``: the latest event time the batch may read. ``exact``:
-    for splits the source maps, the first position whose record is after ``limit``.
-
-    A waiting split of unknown event time holds every known one back (it is read alone,
-    and reports where it stands). Otherwise a split whose event time is past the limit
-    pauses; a mapped split stops at its mapped position, unless that would stop the split
-    while its next record is within the limit (timestamps out of order): it is read then.
-
-    >>> alignment_caps({"a": 10, "b": 20, "c": 30}, {"a": 100, "b": 120, "c": 131}, 130, {})
-    {'c': 30}
-    >>> alignment_caps({"a": 10, "b": 20}, {"a": 100, "b": 120}, 130, {"a": 15, "b": 20})
-    {'a': 15}
-    """
-    if any(current.get(sid) is None for sid in waiting):
-        return {sid: pos for sid, pos in waiting.items() if current.get(sid) is not None}
-    if limit is None:
-        return {}
-    caps = {}
-    for sid, position in waiting.items():
-        now = current[sid]
-        assert now is not None
-        if sid in exact and (exact[sid] > position or now > limit):
-            caps[sid] = max(position, exact[sid])
-        elif now > limit:
-            caps[sid] = position
-    return caps

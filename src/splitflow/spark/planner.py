@@ -22,7 +22,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
@@ -48,7 +48,7 @@ from splitflow.coordinator.coordinator import (
 from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
-from splitflow.spark.eventtime import EventTimeSettings, alignment_caps, iso
+from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerRef, LedgerStore
 
 log = logging.getLogger("splitflow.spark")
@@ -343,6 +343,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._active_at: dict[str, float] = {}  # split id -> when it last had records to read
         self._next_times: dict[str, tuple[int, int]] = {}  # id -> (position, its event time)
+        self._times_memo: dict[tuple[str, int], int | None] = {}  # this batch's answers
         self._aligned: Alignment | None = None  # how the last batch was aligned
 
     progress_splits = 50
@@ -511,12 +512,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         sized = limit.then if isinstance(limit, MinRecords) else limit
         settings = self.event_time
         if settings is not None and settings.max_drift is not None:
-            unaligned = self._reads(sized, backlogs, extents)
-            self._aligned = self._align(
-                settings, settings.max_drift, extents, unaligned, _records(limit)
-            )
-            for sid, cap in self._aligned.caps.items():
-                backlogs[sid] = min(backlogs[sid], cap - self._held(sid).position)
+            aligned = self._align(settings, settings.max_drift, extents, backlogs, sized)
+            backlogs = _capped(backlogs, aligned.caps, aligned.positions)
+            self._aligned = aligned
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
             enough = sum(backlogs.values()) >= limit.records
@@ -568,47 +566,48 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _observe_event_times(self, event: SplitEventTimesEvent) -> None:
         for sid, event_time in event.event_times:
-            if event_time > self._event_times.get(sid, event_time - 1):
-                self._event_times[sid] = event_time
-
-    def _held(self, split_id: str) -> SplitT:
-        for slot in self._slots.values():
-            if split_id in slot:
-                return slot[split_id]
-        raise KeyError(split_id)
+            self._event_times[sid] = max(event_time, self._event_times.get(sid, event_time))
 
     def _align(
         self,
         settings: EventTimeSettings,
         max_drift: int,
         extents: Mapping[str, SplitExtent],
-        unaligned: Mapping[str, int],
-        budget: int | None,
+        backlogs: Mapping[str, int],
+        limit: ReadAll | MaxRecords | MaxBytes,
     ) -> Alignment:
-        """How far each split may read in the next batch to stay within ``max_drift``.
+        """Where each split must stop in the next batch so that no active split's records
+        are late: Spark's watermark follows the latest event time read, so after the batch
+        that must be at most ``max_drift`` past the earliest record any active split still
+        has to read (its *floor*).
 
-        ``unaligned``: what each split would read without alignment (its share of the read
-        limit); ``budget``: the batch's record limit, if any.
+        ``backlogs``: what each split may read now; ``limit``: the batch's read limit.
 
         A split is active while it has records to read, and for ``idle_timeout`` seconds
         after; idle splits hold nobody back, nor, under ``trigger(availableNow=True)``, do
-        splits at the run's target (they read nothing more in it). An active split's event
-        time is its next record's where the source tells it, else its watermark.
+        splits at the run's target (they read nothing more in it). An active split's
+        *current* event time is its next record's where the source tells it, else its
+        watermark. A split the source cannot tell, with records to read, is read alone, one
+        position, to learn where it stands.
 
-        The batch may read up to the *floor* plus the drift: the earliest event time an
-        active split can be at once the batch has read. For a split with records to read,
-        that is the time of the first record its share leaves unread (of its last record
-        when the share reads all it has now: a later one cannot be earlier), where the
-        source tells it, else its event time now; a split its share reads to its final
-        position has none (it ends). So splits that move together read whole shares, and
-        after the batch no split has read more than the drift past any active split's next
-        record: with the drift at most ``withWatermark``'s delay, Spark drops none of them
-        as late. Where the source tells event times but maps no position for a split
-        (or maps it to its position while its next record is within the bound: a coarse
-        index), the position is searched (reading no further than ``budget`` records). See
-        :func:`~splitflow.spark.eventtime.alignment_caps`.
+        Indexed sources (``settings.indexed``): the batch reads up to an event-time bound.
+        A split whose next record is past it pauses; the others stop at the source's
+        position for it (``positions_after``), searched where the source maps a split to
+        its own position while its next record is within (a coarse index, or one that
+        contradicts the record) or maps none. The bound starts at the floor of a batch
+        read without alignment plus the drift, so that splits that move together read
+        whole shares; the floor is then taken again at the stops the bound gives (the
+        event time at each active split's stop, or of its last record when it reads all
+        it has now; a split read to its final position has none), and the bound lowered
+        until it holds, at most :attr:`align_rounds` times, after which it is the slowest
+        active split's current time plus the drift (always safe: no split's next record is
+        earlier). Event time must not decrease along a split.
+
+        Other sources: a split whose watermark is past the slowest one's plus the drift
+        pauses; the others read their shares (they may overshoot by one).
         """
         now = self._clock()
+        self._times_memo = {}
         held = {
             sid: split
             for slot in self._slots.values()
@@ -620,13 +619,13 @@ class Planner(Generic[SplitT, EnumStateT]):
                 self._active_at[sid] = now
         for sid in [sid for sid in self._active_at if sid not in held]:
             del self._active_at[sid]
-        to_read = {sid: self._cap(sid, extents[sid].latest) for sid in held}
-        idle = {
+        to_read = {sid: split.position + backlogs[sid] for sid, split in held.items()}
+        idle = frozenset(
             sid
             for sid, split in held.items()
             if now - self._active_at[sid] >= settings.idle_timeout
             or (self._target is not None and to_read[sid] <= split.position)
-        }
+        )
         waiting = {
             sid: split
             for sid, split in held.items()
@@ -634,85 +633,148 @@ class Planner(Generic[SplitT, EnumStateT]):
         }
         next_times = self._next_event_times(waiting) if settings.indexed else {}
         current = {
-            sid: next_times.get(sid, self._event_times.get(sid)) for sid in held if sid not in idle
+            sid: t
+            for sid in held
+            if sid not in idle
+            and (t := next_times.get(sid, self._event_times.get(sid))) is not None
         }
-        current = {sid: t for sid, t in current.items() if t is not None or sid in waiting}
-        ending = {  # read to their final position: nothing of them is left to be late
-            sid
-            for sid, split in waiting.items()
-            if extents[sid].final and split.position + unaligned.get(sid, 0) >= extents[sid].latest
-        }
-        reach = self._reach(waiting, unaligned, to_read) if settings.indexed else {}
-        floor = {sid: reach.get(sid, t) for sid, t in current.items() if sid not in ending}
-        known = [t for t in floor.values() if t is not None]
-        limit = min(known) + max_drift if known else None
-        exact: dict[str, int] = {}
-        if settings.indexed and limit is not None and waiting:
-            exact = dict(
-                self._settle(self.coordinator.positions_after(list(waiting.values()), limit))
-            )
-            unmapped = {
-                sid: split
-                for sid, split in waiting.items()
-                if sid in next_times
-                and next_times[sid] <= limit
-                and exact.get(sid, split.position) <= split.position
-            }
-            bounds = {
-                sid: min(to_read[sid], split.position + (budget or to_read[sid]))
-                for sid, split in unmapped.items()
-            }
-            exact.update(self._search_after(unmapped, bounds, limit))
         positions = {sid: split.position for sid, split in waiting.items()}
-        caps = alignment_caps(positions, current, limit, exact)
-        slowest = [t for t in current.values() if t is not None]
-        return Alignment(
-            watermark=min(slowest) if slowest else None,
-            limit=limit,
-            current=current,
-            idle=frozenset(idle),
-            caps=caps,
-            paused=frozenset(sid for sid, cap in caps.items() if cap <= positions[sid]),
-        )
 
-    def _reach(
+        def aligned(bound: int | None, caps: dict[str, int]) -> Alignment:
+            return Alignment(
+                min(current.values(), default=None), bound, current, idle, caps, positions
+            )
+
+        unknown = [sid for sid in waiting if sid not in current]
+        if unknown:  # read alone, one position each
+            return aligned(None, {sid: p + (sid in unknown) for sid, p in positions.items()})
+        if not current:
+            return aligned(None, {})
+        safe = min(current.values()) + max_drift
+        if not settings.indexed:
+            return aligned(
+                safe, {sid: s.position for sid, s in waiting.items() if current[sid] > safe}
+            )
+        bound: int | None = None
+        caps: dict[str, int] = {}
+        for _ in range(self.align_rounds):
+            reads = self._reads(limit, _capped(backlogs, caps, positions), extents)
+            floor = self._floor(held, waiting, current, extents, to_read, reads)
+            if floor is None or (bound is not None and bound <= floor + max_drift):
+                return aligned(bound, caps)
+            bound = floor + max_drift
+            caps = self._stops(waiting, current, to_read, bound)
+        return aligned(safe, self._stops(waiting, current, to_read, safe))
+
+    align_rounds = 3
+    """How many bounds :meth:`_align` tries before it takes the safe one."""
+
+    def _floor(
+        self,
+        held: Mapping[str, SplitT],
+        waiting: Mapping[str, SplitT],
+        current: Mapping[str, int],
+        extents: Mapping[str, SplitExtent],
+        to_read: Mapping[str, int],
+        reads: Mapping[str, int],
+    ) -> int | None:
+        """The earliest event time an active split will have left to read after a batch
+        that reads ``reads``; None when none will (all read to their final position)."""
+        floor: dict[str, int] = {}
+        ask = []
+        for sid, time_now in current.items():
+            split = held[sid]
+            stop = split.position + reads.get(sid, 0)
+            if stop == split.position or sid not in waiting:
+                floor[sid] = time_now
+            elif not (extents[sid].final and stop >= extents[sid].latest):
+                floor[sid] = time_now  # unless the source tells the time where it stops
+                ask.append(with_position(split, min(stop, to_read[sid] - 1)))
+        floor.update(self._times_at(ask))
+        return min(floor.values(), default=None)
+
+    def _stops(
         self,
         waiting: Mapping[str, SplitT],
-        unaligned: Mapping[str, int],
+        current: Mapping[str, int],
         to_read: Mapping[str, int],
+        bound: int,
     ) -> dict[str, int]:
-        """The event time of each waiting split's first record left unread by its share
-        ``unaligned``, or of its last record when the share reads all it has (splits whose
-        share is 0, or whose time the source cannot tell, are left out). One call."""
-        ask = [
-            with_position(split, min(split.position + unaligned[sid], to_read[sid] - 1))
-            for sid, split in waiting.items()
-            if unaligned.get(sid, 0) > 0
-        ]
-        return dict(self._settle(self.coordinator.event_times(ask))) if ask else {}
+        """Where each waiting split stops to read nothing later than ``bound``: at its
+        position when its next record is later; else where the source maps it, searched
+        where it maps it to its position or not at all (``to_read``: how far each may read)."""
+        within = {sid: split for sid, split in waiting.items() if current[sid] <= bound}
+        caps = {sid: split.position for sid, split in waiting.items() if sid not in within}
+        mapped = (
+            self._settle(self.coordinator.positions_after(list(within.values()), bound))
+            if within
+            else {}
+        )
+        for sid, split in within.items():
+            if mapped.get(sid, split.position) > split.position:
+                caps[sid] = mapped[sid]
+        search = {sid: split for sid, split in within.items() if sid not in caps}
+        bounds = {sid: to_read[sid] for sid in search}
+        caps.update(self._search_after(search, bounds, bound, current))
+        return caps
 
     def _search_after(
-        self, splits: Mapping[str, SplitT], bounds: Mapping[str, int], limit: int
+        self,
+        splits: Mapping[str, SplitT],
+        bounds: Mapping[str, int],
+        limit: int,
+        known: Mapping[str, int],
     ) -> dict[str, int]:
         """Each split's first position below its bound whose record is later than ``limit``
-        (else its bound), by asking the event time at positions: first the last one, then
-        halving (event time must not decrease along a split). One ``event_times`` call per
-        step for all splits; a split's first record must be within ``limit``."""
+        (else its bound), by asking the event time at positions (event time must not
+        decrease along a split; ``known``: the time at each split's position, within
+        ``limit``). One ``event_times`` call per step for all splits: first the last
+        position, then a guess from the times at both ends of what is left (they are
+        often spaced evenly), or its middle when the last guess did not halve it."""
         low = {sid: split.position for sid, split in splits.items()}
+        at_low = dict(known)
         high = dict(bounds)
+        at_high: dict[str, int] = {}
+        halve: set[str] = set()
         probes = {sid: high[sid] - 1 for sid in splits if high[sid] - 1 > low[sid]}
         while probes:
-            asked = [with_position(splits[sid], at) for sid, at in probes.items()]
-            times = self._settle(self.coordinator.event_times(asked))
+            times = self._times_at([with_position(splits[sid], at) for sid, at in probes.items()])
             for sid, at in probes.items():
+                width = high[sid] - low[sid]
                 if sid in times and times[sid] <= limit:
-                    low[sid] = at
+                    low[sid], at_low[sid] = at, times[sid]
                 else:
                     high[sid] = at
-            probes = {
-                sid: (low[sid] + high[sid]) // 2 for sid in splits if high[sid] - low[sid] > 1
-            }
+                    if sid in times:
+                        at_high[sid] = times[sid]
+                if 2 * (high[sid] - low[sid]) > width:
+                    halve.add(sid)
+                else:
+                    halve.discard(sid)
+            probes = {}
+            for sid in splits:
+                lo, hi = low[sid], high[sid]
+                if hi - lo <= 1:
+                    continue
+                probe = (lo + hi) // 2
+                if sid not in halve and sid in at_high and at_high[sid] > at_low[sid]:
+                    spread = at_high[sid] - at_low[sid]
+                    guess = lo + (limit - at_low[sid]) * (hi - lo) // spread
+                    probe = min(max(guess, lo + 1), hi - 1)
+                probes[sid] = probe
         return high
+
+    def _times_at(self, splits: Sequence[SplitT]) -> dict[str, int]:
+        """The source's event time at each split's position, each position asked once per
+        planned batch (:meth:`_align` asks the same ones in its rounds); splits it cannot
+        tell are left out."""
+        memo = self._times_memo
+        ask = [s for s in splits if (s.split_id, s.position) not in memo]
+        if ask:
+            answers = self._settle(self.coordinator.event_times(ask))
+            for split in ask:
+                memo[(split.split_id, split.position)] = answers.get(split.split_id)
+        return {s.split_id: t for s in splits if (t := memo[(s.split_id, s.position)]) is not None}
 
     def _next_event_times(self, waiting: Mapping[str, SplitT]) -> dict[str, int]:
         """The event time at each waiting split's position, asked once per position."""
@@ -721,8 +783,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             for sid, split in waiting.items()
             if (hit := self._next_times.get(sid)) is not None and hit[0] == split.position
         }
-        ask = [split for sid, split in waiting.items() if sid not in cached]
-        answers = self._settle(self.coordinator.event_times(ask)) if ask else {}
+        answers = self._times_at([split for sid, split in waiting.items() if sid not in cached])
         self._next_times = {
             sid: (waiting[sid].position, t) for sid, t in {**cached, **answers}.items()
         }
@@ -961,30 +1022,34 @@ class Planner(Generic[SplitT, EnumStateT]):
         return report
 
 
-def _records(limit: ReadLimit) -> int | None:
-    """The most records a batch may read under ``limit`` (``None``: no record limit)."""
-    if isinstance(limit, MaxRecords):
-        return limit.records
-    if isinstance(limit, MaxBytes):
-        return limit.records
-    if isinstance(limit, MinRecords):
-        return _records(limit.then)
-    return None
+def _capped(
+    backlogs: Mapping[str, int], caps: Mapping[str, int], positions: Mapping[str, int]
+) -> dict[str, int]:
+    """``backlogs`` cut to end at ``caps`` (split id -> stop) from ``positions``."""
+    result = dict(backlogs)
+    for sid, cap in caps.items():
+        result[sid] = min(result[sid], cap - positions[sid])
+    return result
 
 
 @dataclass(frozen=True)
 class Alignment:
-    """How one batch was aligned by event time (for progress): the watermark (the slowest
-    active split's event time), the limit (the latest event time the batch reads), each
-    active split's event time, the idle splits, each capped split's stop, and the splits
-    paused (capped at their position)."""
+    """How one batch was aligned by event time: the watermark (the slowest active split's
+    current event time), the limit (the latest event time the batch reads), each active
+    split's current event time, the idle splits, and where splits must stop (``caps``)
+    from their ``positions`` (of the splits with records to read)."""
 
     watermark: int | None
     limit: int | None
-    current: Mapping[str, int | None]
+    current: Mapping[str, int]
     idle: frozenset[str]
     caps: Mapping[str, int]
-    paused: frozenset[str]
+    positions: Mapping[str, int]
+
+    @property
+    def paused(self) -> frozenset[str]:
+        """The splits that read nothing in the batch (capped at their position)."""
+        return frozenset(sid for sid, cap in self.caps.items() if cap <= self.positions[sid])
 
 
 def collect_garbage_less_often() -> None:

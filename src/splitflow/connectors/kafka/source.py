@@ -158,7 +158,6 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
         self._options = source.options
         self._broker: Broker | None = None
         self._warned_backwards: set[str] = set()
-        self._peeked: dict[tuple[str, int], int] = {}  # (split id, offset) -> event time
 
     @property
     def broker(self) -> Broker:
@@ -250,7 +249,6 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
 
         One :meth:`Broker.peek` for all splits. Left out: a split with no record there yet
         (or none before its ``end``), a deleted partition, a record without a timestamp.
-        The answers are remembered for :meth:`positions_after`.
         """
         ask = {s.topic_partition: s.position for s in splits if s.end is None or s.position < s.end}
         peeked = self.broker.peek(ask) if ask else {}
@@ -260,7 +258,6 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
             if record is None or (split.end is not None and record.offset >= split.end):
                 continue
             result[split.split_id] = record.timestamp * 1000
-            self._peeked[(split.split_id, split.position)] = record.timestamp * 1000
         return result
 
     def positions_after(self, splits: Sequence[KafkaSplit], event_time: int) -> Mapping[str, int]:
@@ -274,47 +271,29 @@ class KafkaEnumerator(AssigningSplitEnumerator[KafkaSplit]):
         ``event_time`` 999_999 (``T`` = 1_000: found) and not after 1_000_000 (``T`` = 1_001).
         At most two requests: the look-ups, then ``latest`` for those no record reaches.
 
-        A split whose record at its position is known to be after ``event_time`` (peeked by
-        :meth:`event_times` at the same position) is answered without asking. One known to
-        be at or before it, for which the broker answers no offset past the position, is
-        left out: the broker's index contradicts the record (timestamps out of order, or a
-        broker indexing another time, as Tansu does). Never below the position; never past
-        the split's ``end``; partitions the broker no longer has are left out.
+        Never below the position (an answer before it, from timestamps out of order or a
+        broker that indexes another time, as Tansu indexes append time, is the position:
+        the runtime then searches by :meth:`event_times`); never past the split's ``end``;
+        partitions the broker no longer has are left out.
         """
-        at = {split.split_id: split.position for split in splits}
-        for key in [k for k in self._peeked if k[0] in at and k[1] < at[k[0]]]:
-            del self._peeked[key]  # behind the split: never asked again
-        result: dict[str, int] = {}
-        ask: dict[TopicPartition, KafkaSplit] = {}
-        for split in splits:
-            known = self._known_event_time(split)
-            if known is not None and known > event_time:
-                result[split.split_id] = split.position
-            else:
-                ask[split.topic_partition] = split
+        ask = {split.topic_partition: split for split in splits}
         if not ask:
-            return result
+            return {}
         threshold = max(0, event_time // 1000 + 1)  # negative queries mean earliest, latest
         found = self.broker.offsets(dict.fromkeys(ask, threshold))
         none = [tp for tp in ask if tp in found and found[tp] is None]
         ends = self.broker.offsets(dict.fromkeys(none, "latest")) if none else {}
+        result: dict[str, int] = {}
         for tp, split in ask.items():
-            if tp not in found:
-                continue  # deleted
-            offset = found[tp]
+            offset = found.get(tp)
+            if offset is None:  # every record there is earlier: up to the end
+                offset = ends.get(tp)
             if offset is None:
-                offset = ends.get(tp)  # every record there is earlier: up to the end
-                if offset is None:
-                    continue  # deleted meanwhile
-            elif offset <= split.position and self._known_event_time(split) is not None:
-                continue  # its record at the position is not after event_time: no answer
+                continue  # deleted
             if split.end is not None:
                 offset = min(offset, split.end)
             result[split.split_id] = max(offset, split.position)
         return result
-
-    def _known_event_time(self, split: KafkaSplit) -> int | None:
-        return self._peeked.get((split.split_id, split.position))
 
     def _went_backwards(self, split: KafkaSplit, end: int) -> None:
         message = (
