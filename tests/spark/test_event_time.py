@@ -29,7 +29,7 @@ from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import _partitions, read_partition
 from splitflow.spark.eventtime import EventTimeSettings
 from splitflow.spark.generator import GeneratorDataSource
-from splitflow.spark.planner import BatchOffset, MaxRecords, Planner
+from splitflow.spark.planner import BacklogAware, BatchOffset, MaxRecords, Planner, ReadLimit
 
 SECOND = 1_000_000
 WINDOW = 60 * SECOND
@@ -71,8 +71,9 @@ class Run:
         self.offset = dict(start) if start else roundtrip(self.planner.initial_offset())
         self.batches: list[pa.Table] = []
 
-    def batch(self, records: int) -> pa.Table | None:
-        end = roundtrip(self.planner.latest_offset(self.offset, MaxRecords(records)))
+    def batch(self, records: int | ReadLimit) -> pa.Table | None:
+        limit = MaxRecords(records) if isinstance(records, int) else records
+        end = roundtrip(self.planner.latest_offset(self.offset, limit))
         if end == self.offset:
             return None
         self.planner.commit(self.offset)
@@ -378,6 +379,18 @@ def test_under_available_now_a_split_at_its_target_holds_nobody_back(tmp_path: P
         pass
     assert sum(t.num_rows for t in run.batches) == 1_000 + 3 * 100_000
     assert run.planner.lag()["splits"]["gen-00000"]["idle"] is True
+
+
+def test_a_batch_sized_for_the_backlog_is_aligned_too(tmp_path: Path) -> None:
+    """Catching up on a backlog (FLIP-309's large batches) and alignment work together: the
+    backlog limit sizes the batch, alignment still holds the splits ahead of split 3."""
+    run = Run(lagging(tmp_path), FakeClock())
+    assert run.planner.in_backlog
+    table = run.batch(BacklogAware(backlog=MaxRecords(100_000), live=MaxRecords(1_000)))
+    assert table is not None
+    assert set(table["split"].to_pylist()) == {3}
+    assert table.num_rows > 1_000  # the backlog's size, not the live one
+    assert run.planner.lag()["pausedSplits"] == 3
 
 
 def test_progress_reports_watermarks_drift_and_paused_splits(tmp_path: Path) -> None:
