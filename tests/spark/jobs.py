@@ -2,13 +2,15 @@
 
 Run from the repository root::
 
-    python -m tests.spark.jobs --catalog CATALOG.json --out OUT --checkpoint CHK \\
+    python -m tests.spark.jobs [--catalog CATALOG.json] --out OUT --checkpoint CHK \\
         --parallelism 2 --max-records-per-batch 30 --trigger 500ms \\
         [--source splitflow-sequence-faulty] [--option readDelay=1s ...] \\
-        [--done-file DONE] [--timeout 120]
+        [--done-file DONE] [--timeout 120] [--master local[2,4]]
 
-It streams a file-backed :class:`~splitflow.testing.sequence.SequenceCatalog` into Parquet
-at ``OUT`` with the checkpoint ``CHK`` (its own SparkSession, ``local[2]``), and runs until
+It streams a splitflow source (by default the sequence source over a file-backed
+:class:`~splitflow.testing.sequence.SequenceCatalog`; ``--source``, ``--schema`` and
+``--option`` name another) into Parquet at ``OUT`` with the checkpoint ``CHK`` (its own
+SparkSession on ``--master``, ``local[2]`` by default), and runs until
 
 * it is killed (the tests SIGKILL its process group: this Python driver, its JVM, the
   streaming runner and the Python workers), or
@@ -54,13 +56,15 @@ def parse_trigger(text: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.spark.jobs", description=__doc__)
-    parser.add_argument("--catalog", required=True, help="sequence catalog JSON file")
+    parser.add_argument("--catalog", default=None, help="sequence catalog JSON file")
+    parser.add_argument("--master", default="local[2]", help="Spark master (local[2])")
     parser.add_argument("--out", required=True, help="Parquet output folder")
     parser.add_argument("--checkpoint", required=True, help="query checkpoint folder")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--max-records-per-batch", type=int, default=None)
     parser.add_argument("--trigger", default="500ms")
     parser.add_argument("--source", default="splitflow-sequence")
+    parser.add_argument("--schema", default=None, help="the source's schema (a DDL string)")
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE", help="a source option"
     )
@@ -84,16 +88,18 @@ def positions(progress: dict[str, Any] | None) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    spark = driver_session("splitflow-e2e-job")
+    spark = driver_session("splitflow-e2e-job", args.master)
     from tests.spark.sources import TEST_SOURCES
 
     from splitflow.spark import register
     from splitflow.testing.sequence import SequenceCatalog
 
     register(spark, *TEST_SOURCES)
-    catalog = SequenceCatalog(path=args.catalog)
+    catalog = SequenceCatalog(path=args.catalog) if args.catalog else None
 
     reader = spark.readStream.format(args.source).option("parallelism", str(args.parallelism))
+    if args.schema:
+        reader = reader.schema(args.schema)
     if args.source.startswith("splitflow-sequence"):
         reader = reader.option("catalog", args.catalog)
     if args.max_records_per_batch is not None:
@@ -127,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     while query.isActive:
         report_batches()
-        if args.done_file and os.path.exists(args.done_file):
+        if catalog is not None and args.done_file and os.path.exists(args.done_file):
             done = positions(query.lastProgress)
             lengths = catalog.lengths()
             if lengths and all(done.get(s, -1) >= n for s, n in lengths.items()):

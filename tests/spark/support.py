@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from splitflow.testing.sequence import SequenceCatalog
 
@@ -47,16 +50,16 @@ def spark_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def driver_session(app: str) -> Any:
-    """The local[2] session of a driver subprocess (``jobs.py``, a test's own job), with
-    splitflow's sources registered and the environment of :func:`spark_env`."""
+def driver_session(app: str, master: str = "local[2]") -> Any:
+    """The session of a driver subprocess (``jobs.py``, a test's own job; ``local[2]`` unless
+    told), with splitflow's sources registered and the environment of :func:`spark_env`."""
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
     from splitflow.spark import register
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -192,3 +195,70 @@ def owner_loads(splits: Mapping[str, Mapping[str, Any]], parallelism: int) -> li
     for info in splits.values():
         loads[int(info["owner"])] += 1
     return loads
+
+
+# -- a driver in its own process, to be killed -----------------------------------------------
+
+
+class Job:
+    """``python -m tests.spark.jobs ...`` in its own process group; its output lines, live."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.lines: list[str] = []
+        self._log = log.open("a", encoding="utf-8")
+        self._log.write(f"$ jobs {' '.join(args)}\n")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.jobs", *args],
+            cwd=REPO_ROOT,
+            env=spark_env(),
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.process.stdout is not None
+        self._reader = threading.Thread(target=self._follow, args=(self.process.stdout,))
+        self._reader.start()
+
+    def _follow(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._log.write(line)
+            self._log.flush()
+
+    def batches(self) -> list[int]:
+        """Ids of the batches this run completed, in order."""
+        return [int(line.split()[1]) for line in self.lines if line.startswith("BATCH ")]
+
+    def check_alive(self) -> bool:
+        if self.process.poll() is not None:
+            self._reader.join(5)
+            raise AssertionError(f"the job exited with {self.process.returncode}: {self.lines}")
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: driver, JVM, streaming runner, Python workers."""
+        pgid = self.process.pid
+        os.killpg(pgid, signal.SIGKILL)
+        self.process.wait(30)
+
+        def group_gone() -> bool:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_until(f"process group {pgid} to die", group_gone, 30)
+        self._reader.join(10)
+
+    def finish(self, timeout: float) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(10)
+        return code
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        self._reader.join(10)
+        self._log.close()

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import reported_splits, wait_until
-from tests.spark.test_streaming_e2e import Job, log_ids
+from tests.spark.support import Job, log_ids, reported_splits, wait_until
 from tests.support.event_time import (
     batch_recount,
     produce_lagging_topic,

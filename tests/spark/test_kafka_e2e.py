@@ -269,7 +269,7 @@ def test_driver_sigkill_while_producing_is_exactly_once(
     """SIGKILL the driver (its whole process group) with a batch planned but not committed,
     while records keep arriving; the restarted driver replays that batch from its offset and
     reads on. The sink holds every produced record exactly once."""
-    from tests.spark.test_streaming_e2e import Job, log_ids
+    from tests.spark.support import Job, log_ids
 
     topics = Topics(tansu)
     topic = topics.create("live", 3)

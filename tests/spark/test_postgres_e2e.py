@@ -26,8 +26,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from tests.spark.support import log_ids, reported_splits, wait_until
-from tests.spark.test_streaming_e2e import Job
+from tests.spark.support import Job, log_ids, reported_splits, wait_until
 from tests.support.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow

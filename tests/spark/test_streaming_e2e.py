@@ -8,20 +8,16 @@ once, nothing missing, nothing extra.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from tests.spark.sources import read_task_log
 from tests.spark.support import (
     FAULTY,
-    REPO_ROOT,
+    Job,
     assert_exactly_once,
     caught_up,
     data_batches,
@@ -30,7 +26,6 @@ from tests.spark.support import (
     owner_loads,
     reported_splits,
     sink_rows,
-    spark_env,
     start_stream,
     wait_caught_up,
     wait_until,
@@ -39,73 +34,6 @@ from tests.spark.support import (
 from splitflow.testing.sequence import SequenceCatalog
 
 pytestmark = pytest.mark.slow
-
-
-# -- a driver in its own process, to be killed -----------------------------------------------
-
-
-class Job:
-    """``python -m tests.spark.jobs ...`` in its own process group; its output lines, live."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.lines: list[str] = []
-        self._log = log.open("a", encoding="utf-8")
-        self._log.write(f"$ jobs {' '.join(args)}\n")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.spark.jobs", *args],
-            cwd=REPO_ROOT,
-            env=spark_env(),
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            start_new_session=True,
-        )
-        assert self.process.stdout is not None
-        self._reader = threading.Thread(target=self._follow, args=(self.process.stdout,))
-        self._reader.start()
-
-    def _follow(self, stdout: IO[str]) -> None:
-        for line in stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._log.write(line)
-            self._log.flush()
-
-    def batches(self) -> list[int]:
-        """Ids of the batches this run completed, in order."""
-        return [int(line.split()[1]) for line in self.lines if line.startswith("BATCH ")]
-
-    def check_alive(self) -> bool:
-        if self.process.poll() is not None:
-            self._reader.join(5)
-            raise AssertionError(f"the job exited with {self.process.returncode}: {self.lines}")
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: driver, JVM, streaming runner, Python workers."""
-        pgid = self.process.pid
-        os.killpg(pgid, signal.SIGKILL)
-        self.process.wait(30)
-
-        def group_gone() -> bool:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
-        wait_until(f"process group {pgid} to die", group_gone, 30)
-        self._reader.join(10)
-
-    def finish(self, timeout: float) -> int:
-        code = self.process.wait(timeout)
-        self._reader.join(10)
-        return code
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
-        self._reader.join(10)
-        self._log.close()
 
 
 @pytest.fixture
