@@ -552,14 +552,20 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._ledger.discard_before(int(end["ledger"]["base"]))
 
     def _apply_reader_events(self, completed: int) -> None:
-        """Hand the enumerator the events of batches up to ``completed``, once each."""
+        """Hand the enumerator the events of batches up to ``completed``, once each.
+
+        Events of a slot that a restart with less parallelism removed are facts of a batch
+        that completed (a chunk's watermark, a quarantined range): they go to the enumerator
+        as from slot ``slot % parallelism``, a registered reader.
+        """
         if self._events is not None:
             for seq in range(self._events_through + 1, completed + 1):
                 for slot, event in self._events.read(seq):
                     if isinstance(event, SplitEventTimesEvent):  # the runtime's, not the source's
                         self._observe_event_times(event)
                     else:
-                        self._settle(self.coordinator.handle_source_event(slot, event))
+                        reader = slot % self.parallelism
+                        self._settle(self.coordinator.handle_source_event(reader, event))
         self._events_through = max(self._events_through, completed)
 
     # -- event time ---------------------------------------------------------------------------
