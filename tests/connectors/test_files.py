@@ -277,6 +277,37 @@ def test_a_file_that_changed_after_discovery_is_a_bad_file(tmp_path: Path) -> No
     reader.close()
 
 
+def read_to_end(lines: Any) -> None:
+    while lines.next_block() is not None:
+        pass
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_a_file_truncated_while_it_is_read_is_a_bad_file_not_a_hang(
+    tmp_path: Path, fmt: str
+) -> None:
+    """The reader opened the file at its full size; it is cut short between two blocks: the
+    next block fails naming the file and the first byte missing (it used to loop forever
+    on empty reads, found by the survey for issue 13)."""
+    import pyarrow.fs as pafs
+
+    from splitflow.connectors.files.formats import LineRanges
+
+    path = write(tmp_path, f"a.{fmt}", rows_of("a", 400), fmt)
+    size = path.stat().st_size
+    with pafs.LocalFileSystem().open_input_file(str(path)) as f:
+        lines = LineRanges(f, size, 0, size, 1024, str(path))
+        assert lines.next_block() is not None
+        with open(path, "r+b") as out:
+            out.truncate(1500)
+        with pytest.raises(BadFileError) as error:
+            read_to_end(lines)
+    assert error.value.path == str(path)
+    assert error.value.position == 1500
+    assert f"{path} changed while it was read: byte 1500" in str(error.value)
+
+
 def test_schema_mismatch_names_file_and_column(tmp_path: Path) -> None:
     write(tmp_path, "a.parquet", rows_of("a", 3), "parquet")
     other = pa.table({"file": ["b"], "n": ["not a number"], "text": ["t"]})

@@ -270,21 +270,35 @@ def _castable(source: pa.DataType, target: pa.DataType) -> bool:
 
 
 class LineRanges:
-    """Reads the lines of ``[start, stop)`` of one open file, a block at a time.
+    """Reads the lines of ``[start, stop)`` of the open file at ``path`` of ``size`` bytes, a
+    block at a time.
 
     A line belongs to the range its first byte is in. ``next_block`` returns the bytes of
     whole lines (a line longer than the block is read whole) and the position after them,
-    never beyond ``stop``.
+    never beyond ``stop``. A file that turns out shorter than ``size`` (truncated while read)
+    raises :class:`BadFileError` at the first byte missing.
     """
 
-    def __init__(self, f: pa.NativeFile, size: int, start: int, stop: int, block: int) -> None:
+    def __init__(
+        self, f: pa.NativeFile, size: int, start: int, stop: int, block: int, path: str
+    ) -> None:
         self._f, self._size, self._stop, self._block = f, size, stop, block
+        self._path = path
         self.position = self._first_line_at_or_after(start)
 
     def _read(self, at: int, n: int) -> bytes:
-        return (
-            bytes(self._f.read_at(min(n, max(0, self._size - at)), at)) if at < self._size else b""
-        )
+        want = min(n, max(0, self._size - at))
+        data = bytes(self._f.read_at(want, at)) if want else b""
+        if len(data) < want:
+            missing = at + len(data)
+            raise BadFileError(
+                f"{self._path} changed while it was read: byte {missing} of its {self._size} "
+                "is gone (truncated): files must not change once they appear (write "
+                "elsewhere, then rename into the directory)",
+                path=self._path,
+                position=missing,
+            )
+        return data
 
     def _first_line_at_or_after(self, start: int) -> int:
         if start <= 0:

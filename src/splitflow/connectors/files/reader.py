@@ -216,7 +216,7 @@ class _Cursor:
             self._open_parquet()
         else:
             self._lines = LineRanges(
-                self._file, size, self.position, self.limit, self.source.block_bytes
+                self._file, size, self.position, self.limit, self.source.block_bytes, split.path
             )
             if self.source.format == "csv" and self.source.csv.header and self.position == 0:
                 self._check_header()
