@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from splitflow.api.assigner import AssignerState
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent
@@ -67,6 +69,22 @@ def test_event_store_keeps_one_copy_per_task_and_forgets_applied_batches(tmp_pat
     store.discard_through(3)
     assert store.read(3) == []
     assert store.read(4) == [(0, Ping(2))]
+
+
+def test_a_state_directory_that_cannot_be_written_fails_naming_the_file(tmp_path: Path) -> None:
+    """A full or read-only disk, or a path that is not a folder: the task's write fails
+    with an error naming option stateDir and the file, and leaves no partial file."""
+    from splitflow.errors import CheckpointStateError
+    from splitflow.spark.ledger import LedgerStore
+
+    state = tmp_path / "state"
+    state.write_text("a file where the folder should be")
+    with pytest.raises(CheckpointStateError) as error:
+        EventStore(str(state)).write(1, 0, slot=0, events=[Ping(1)])
+    assert "option stateDir: cannot write" in str(error.value)
+    assert error.value.path == str(state / "events" / "1" / "000000")
+    with pytest.raises(CheckpointStateError, match=f"cannot write {state}/ledger/"):
+        LedgerStore(str(state)).write(1, frozenset({"a"}))
 
 
 def test_reader_events_reach_the_enumerator_once_per_completed_batch(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Sequence
 
 from splitflow.api.events import SourceEvent
+from splitflow.spark.statedir import write_atomically
 
 
 def encode_events(events: Sequence[SourceEvent]) -> list[str]:
@@ -46,13 +47,8 @@ class EventStore:
 
     def write(self, seq: int, task: int, slot: int, events: Sequence[SourceEvent]) -> None:
         """Record what task ``task`` of batch ``seq`` (slot ``slot``) sent. Idempotent."""
-        directory = self._batch(seq)
-        os.makedirs(directory, exist_ok=True)
-        target = os.path.join(directory, f"{task:06d}")
-        temporary = f"{target}.{os.getpid()}.tmp"
-        with open(temporary, "wb") as f:
-            pickle.dump((slot, list(events)), f)
-        os.replace(temporary, target)
+        target = os.path.join(self._batch(seq), f"{task:06d}")
+        write_atomically(target, pickle.dumps((slot, list(events))))
 
     def read(self, seq: int) -> list[tuple[int, SourceEvent]]:
         """Batch ``seq``'s events as ``(slot, event)``, in task order."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError
+from splitflow.spark.statedir import write_atomically
 
 COMPACT_EVERY = 10
 """A ledger is written whole again after this many deltas."""
@@ -101,12 +102,8 @@ class LedgerStore:
                 os.remove(os.path.join(self.root, name))
 
     def _write(self, name: str, content: JsonDict) -> None:
-        os.makedirs(self.root, exist_ok=True)
-        target = os.path.join(self.root, f"{name}.json")
-        temporary = f"{target}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(content, f, separators=(",", ":"))
-        os.replace(temporary, target)
+        data = json.dumps(content, separators=(",", ":")).encode()
+        write_atomically(os.path.join(self.root, f"{name}.json"), data)
 
     def _read(self, name: str) -> Any:
         path = os.path.join(self.root, f"{name}.json")
