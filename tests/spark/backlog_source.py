@@ -38,6 +38,8 @@ class BacklogLoggingSource(SequenceSource):
 
 
 class BacklogLoggingDataSource(FaultySequenceDataSource):
+    OPTIONS = (*FaultySequenceDataSource.OPTIONS, "backlogLog")
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-sequence-backlog"

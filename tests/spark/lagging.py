@@ -100,6 +100,11 @@ class StallingEnumerator(GeneratorEnumerator):
 class LaggingDataSource(GeneratorDataSource):
     """The generator's data source over :class:`LaggingGenerator` (options as the generator's)."""
 
+    OPTIONS = (
+        *GeneratorDataSource.OPTIONS,
+        *("lag", "stall", "stallAfter", "mapsPositions", "unit", "starts", "rates"),
+    )
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-test-lagging"

@@ -77,6 +77,8 @@ def _whole(options: dict[str, str], name: str) -> int | None:
 class FaultySequenceDataSource(SequenceDataSource):
     """``splitflow-sequence`` with a read delay, a crashing task attempt and a task log."""
 
+    OPTIONS = (*SequenceDataSource.OPTIONS, "readDelay", "crashBatch", "crashPartition", "taskLog")
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-sequence-faulty"
@@ -404,6 +406,13 @@ class EventLogSequenceSource(SequenceSource):
 
 class EventsSequenceDataSource(FaultySequenceDataSource):
     """``splitflow-sequence-events``: see the section comment above."""
+
+    OPTIONS = (
+        *FaultySequenceDataSource.OPTIONS,
+        "crashAfterEventsBatch",
+        "crashAfterEventsPartition",
+        "holdAfterEvents",
+    )
 
     @classmethod
     def name(cls) -> str:

@@ -262,3 +262,51 @@ def test_backlog_lag_threshold_at_or_below_min_records_per_batch_is_rejected() -
         parse(backlogLagThreshold="500", minRecordsPerBatch="500")
     assert error.value.option == "backlogLagThreshold"
     assert parse(backlogLagThreshold="501", minRecordsPerBatch="500").backlog_lag_threshold == 501
+
+
+# -- unknown option names --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("parallelizm", "parallelism"),  # the runtime's
+        ("maxRecordPerBatch", "maxRecordsPerBatch"),
+        ("stateDirectory", "stateDir"),
+        ("discoveryIntrval", "discoveryInterval"),  # the sequence source's own
+    ],
+)
+def test_an_unknown_option_is_refused_at_load_naming_the_nearest_known_one(
+    sequence_data_source: Any, catalog_file: str, typo: str, meant: str
+) -> None:
+    """A misspelt option would otherwise change nothing, silently."""
+    with pytest.raises(ConfigurationError) as error:
+        sequence_data_source(catalog=catalog_file, **{typo: "1"})
+    assert error.value.option == typo.lower()  # as Spark passed it
+    assert str(error.value) == (
+        f"unknown option {typo.lower()!r} for splitflow-sequence (did you mean {meant!r}?)"
+    )
+
+
+def test_each_connector_refuses_options_it_does_not_know(tmp_path: Path) -> None:
+    """Spark's own options that a connector does not implement are refused too, so a user
+    moving from Spark's Kafka or file source learns which ones: Kafka's ``kafka.*``
+    settings go to the client, which checks them."""
+    from splitflow.spark.files import FilesDataSource
+    from splitflow.spark.generator import GeneratorDataSource
+    from splitflow.spark.kafka import KafkaDataSource
+
+    (tmp_path / "a.json").write_text('{"n": 1}\n')
+    kafka = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
+    files = {"path": str(tmp_path)}
+    cases = [
+        (GeneratorDataSource, {"rowsPerSecnd": "5"}, "did you mean 'rowsPerSecond'?"),
+        (FilesDataSource, {**files, "maxFilesPerTriger": "1"}, "'maxFilesPerTrigger'"),
+        (FilesDataSource, {**files, "recursiveFileLookup": "true"}, "for splitflow-files"),
+        (KafkaDataSource, {**kafka, "startingOffset": "earliest"}, "'startingOffsets'"),
+        (KafkaDataSource, {**kafka, "minPartitions": "8"}, "unknown option 'minpartitions'"),
+    ]
+    for data_source, options, text in cases:
+        with pytest.raises(ConfigurationError, match=text):
+            data_source(spark_options(**options))
+    assert KafkaDataSource(spark_options(**kafka, **{"kafka.client.id": "x"})) is not None

@@ -6,7 +6,9 @@ Durations take ``ms``, ``s``, ``m`` or ``h`` (a bare number is seconds); sizes t
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable, Sequence
 
 from splitflow.errors import ConfigurationError
 
@@ -62,3 +64,28 @@ def parse_flag(option: str, text: str | None, default: bool) -> bool:
     if value not in ("true", "false"):
         raise ConfigurationError(f"option {option}: {text!r} is not true or false", option=option)
     return value == "true"
+
+
+def check_names(
+    options: Iterable[str], known: Iterable[str], source: str, prefixes: Sequence[str] = ()
+) -> None:
+    """Refuse an option name ``source`` does not know (in any case), naming the nearest
+    known one as spelled in ``known``; names starting with one of ``prefixes`` (a client's
+    own settings, ``kafka.``) pass.
+
+    >>> check_names(["maxrecordsperbatch"], ["maxRecordsPerBatch"], "splitflow-files")
+    >>> check_names(["maxRecordPerBatch"], ["maxRecordsPerBatch"], "splitflow-files")
+    Traceback (most recent call last):
+    ...
+    splitflow.errors.ConfigurationError: unknown option 'maxRecordPerBatch' for \
+splitflow-files (did you mean 'maxRecordsPerBatch'?)
+    """
+    spelled = {name.lower(): name for name in known}
+    lowered_prefixes = tuple(p.lower() for p in prefixes)
+    for key in options:
+        lowered = key.lower()
+        if lowered in spelled or lowered.startswith(lowered_prefixes):
+            continue
+        close = difflib.get_close_matches(lowered, sorted(spelled), n=1, cutoff=0.6)
+        hint = f" (did you mean {spelled[close[0]]!r}?)" if close else ""
+        raise ConfigurationError(f"unknown option {key!r} for {source}{hint}", option=key)

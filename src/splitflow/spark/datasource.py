@@ -42,13 +42,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
 
 from splitflow.api.events import SourceEvent, SplitEventTimesEvent, SplitsFinishedEvent
+from splitflow.api.options import check_names
 from splitflow.api.reader import InputStatus
 from splitflow.api.source import Source
 from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
-from splitflow.spark.options import RuntimeOptions
+from splitflow.spark.options import NAMES, RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
     Planner,
@@ -84,8 +85,16 @@ class SplitflowDataSource(DataSource):
     def create_source(self) -> AnySource:
         """The Source these options describe. Called on the driver and in executors."""
 
+    OPTIONS: tuple[str, ...] = ()
+    """The connector's own option names, as documented; any other option than these and the
+    runtime's (:data:`~splitflow.spark.options.NAMES`) is refused at ``load()``, naming the
+    nearest known one."""
+    OPTION_PREFIXES: tuple[str, ...] = ()
+    """Prefixes of options passed through to a client that checks them (``kafka.``)."""
+
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
+        check_names(self.options, (*NAMES, *self.OPTIONS), self.name(), self.OPTION_PREFIXES)
         self.runtime = RuntimeOptions.parse(self.options)
         source = self.create_source()
         for option, value in (

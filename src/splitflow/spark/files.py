@@ -42,6 +42,28 @@ def arrow_schema(struct: StructType) -> pa.Schema:
 
 
 class FilesDataSource(SplitflowDataSource):
+    OPTIONS = (
+        "path",
+        "format",
+        "pattern",
+        "schema",
+        "header",
+        "delimiter",
+        "badFiles",
+        "discoveryInterval",
+        "maxSplitBytes",
+        "blockBytes",
+        "maxFilesPerBatch",
+        "maxFilesPerTrigger",
+        "maxBytesPerTrigger",
+        "latestFirst",
+        "maxFileAge",
+        "cleanSource",
+        "sourceArchiveDir",
+        "failOnDataLoss",
+        _RESOLVED_SCHEMA,
+    )
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-files"

@@ -53,6 +53,8 @@ def _parse_time(text: str) -> float:
 
 
 class GeneratorDataSource(SplitflowDataSource):
+    OPTIONS = ("splits", "rowsPerSplit", "rowsPerSecond", "startTime", "skew", "batchRows")
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-generator"

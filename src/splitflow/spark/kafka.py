@@ -27,6 +27,25 @@ from splitflow.spark.datasource import SplitflowDataSource
 class KafkaDataSource(SplitflowDataSource):
     """``splitflow-kafka``: Kafka topics, streaming or batch."""
 
+    OPTIONS = (
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "startingOffsets",
+        "startingOffsetsByTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "startingTimestamp",
+        "endingOffsets",
+        "failOnDataLoss",
+        "maxOffsetsPerTrigger",
+        "discoveryInterval",
+        "includeHeaders",
+        "fetchSize",
+        "requestTimeout",
+        "splitAssignment",
+    )
+    OPTION_PREFIXES = ("kafka.",)
+
     _batch = False
 
     def __init__(self, options: dict[str, str]) -> None:

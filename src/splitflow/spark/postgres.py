@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
+from splitflow.connectors.postgres import options as postgres_options
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.options import NAMES
+from splitflow.spark.options import NAMES, RuntimeOptions
 
 if TYPE_CHECKING:  # psycopg (the postgres extra) is imported only when the source is used
     from splitflow.connectors.postgres.source import PostgresCdcSource
@@ -27,11 +28,14 @@ if TYPE_CHECKING:  # psycopg (the postgres extra) is imported only when the sour
 class PostgresCdcDataSource(SplitflowDataSource):
     """``splitflow-postgres-cdc``: a snapshot of tables, then their changes."""
 
+    OPTIONS = postgres_options.OPTIONS
+
     def __init__(self, options: dict[str, str]) -> None:
         from splitflow.connectors.postgres import catalog
         from splitflow.connectors.postgres.options import PostgresOptions
 
         self._options = PostgresOptions.parse(options, known=set(NAMES))
+        RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options, autocommit=True) as conn:
             names = catalog.list_tables(conn, self._options)
             self._tables = [catalog.describe_table(conn, name) for name in names]

@@ -20,6 +20,15 @@ from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 
 class SequenceDataSource(SplitflowDataSource):
+    OPTIONS = (
+        "catalog",
+        "bounded",
+        "failOnDataLoss",
+        "discoveryInterval",
+        "fetchSize",
+        "recordBytes",
+    )
+
     @classmethod
     def name(cls) -> str:
         return "splitflow-sequence"

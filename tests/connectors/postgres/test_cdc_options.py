@@ -34,7 +34,9 @@ def refused(option: str, **options: str) -> str:
 def test_unknown_option_is_refused_with_the_nearest_known_name() -> None:
     message = refused("tabels", tabels="orders", slotName="s1")
     assert message == "unknown option 'tabels' for splitflow-postgres-cdc (did you mean 'tables'?)"
-    assert "did you mean 'slotname'?" in refused("slotnme", tables="t", slotnme="s1")
+    assert "did you mean 'slotName'?" in refused(
+        "slotnme", tables="t", slotnme="s1"
+    )  # as documented
 
 
 def test_unknown_option_far_from_every_name_gets_no_hint() -> None:

@@ -32,12 +32,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from splitflow.api.options import parse_duration, parse_positive_int
+from splitflow.api.options import check_names, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
 
 MODES = {"initial": "initial", "latest": "latest", "snapshotonly": "snapshotOnly"}
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_KNOWN = {
+OPTIONS = (
     "host",
     "port",
     "dbname",
@@ -45,14 +45,15 @@ _KNOWN = {
     "password",
     "conninfo",
     "tables",
-    "startupmode",
-    "chunksize",
-    "maxchunksperbatch",
-    "slotname",
-    "publicationname",
-    "discoveryinterval",
-    "connecttimeout",
-}
+    "startupMode",
+    "chunkSize",
+    "maxChunksPerBatch",
+    "slotName",
+    "publicationName",
+    "discoveryInterval",
+    "connectTimeout",
+)
+"""The connector's option names, as documented (any case is accepted)."""
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,7 @@ class PostgresOptions:
         """
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        accepted = _KNOWN | {k.lower() for k in known or ()}
-        for key in options:
-            if key.lower() not in accepted:
-                hint = _nearest(key.lower(), accepted)
-                raise ConfigurationError(
-                    f"unknown option {key!r} for splitflow-postgres-cdc"
-                    + (f" (did you mean {hint!r}?)" if hint else ""),
-                    option=key,
-                )
+        check_names(options, (*OPTIONS, *(known or ())), "splitflow-postgres-cdc")
         get = {k.lower(): v for k, v in options.items()}.get
         base = get("conninfo") or ""
         try:
@@ -182,10 +175,3 @@ def _table(text: str) -> str:
             option="tables",
         )
     return name
-
-
-def _nearest(word: str, names: set[str]) -> str | None:
-    import difflib
-
-    found = difflib.get_close_matches(word, sorted(names), n=1, cutoff=0.6)
-    return found[0] if found else None
