@@ -58,14 +58,24 @@ def driver_session(app: str, master: str = "local[2]") -> Any:
 
     from splitflow.spark import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
     )
+    if master.startswith("spark://"):  # the standalone cluster of tests/spark/cluster.py
+        from tests.spark.cluster import QUICK_JVM
+
+        builder = (
+            builder.config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.executor.memory", "512m")
+            .config("spark.cores.max", "2")
+            .config("spark.driver.extraJavaOptions", QUICK_JVM)
+            .config("spark.executor.extraJavaOptions", QUICK_JVM)
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

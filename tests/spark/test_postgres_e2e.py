@@ -16,17 +16,15 @@ and its driver is SIGKILLed with a batch planned and not committed, then started
 from __future__ import annotations
 
 import json
-import random
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 from tests.spark.support import Job, log_ids, reported_splits, wait_until
+from tests.support.cdc import Writer, replay, sink_in_batch_order
 from tests.support.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
@@ -39,94 +37,10 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     yield from postgres_fixture(tmp_path_factory)
 
 
-class Writer(threading.Thread):
-    """Inserts (new ids only), updates (``version + 1``) and deletes, a few per 10 ms."""
-
-    def __init__(self, postgres: Postgres, table: str, first_id: int) -> None:
-        super().__init__(daemon=True)
-        self.postgres, self.table, self.next_id = postgres, table, first_id
-        self.stopped = threading.Event()
-        self.changes = 0
-
-    def run(self) -> None:
-        rng = random.Random(7)
-        with self.postgres.connect() as conn:
-            while not self.stopped.wait(0.01):
-                with conn.transaction():
-                    for _ in range(rng.randint(1, 3)):
-                        action, key = rng.random(), rng.randint(1, self.next_id)
-                        if action < 0.35:
-                            conn.execute(
-                                f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
-                            )
-                            self.next_id += 1
-                        elif action < 0.85:
-                            conn.execute(
-                                f"UPDATE {self.table} SET version = version + 1, "
-                                "payload = md5(random()::text) WHERE id = %s",
-                                (key,),
-                            )
-                        else:
-                            conn.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
-                        self.changes += 1
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(30)
-
-
-def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
-    """Every row the file sink committed, in batch order (by ``lsn`` within a file).
-
-    The committed files are those in the sink's log (``_spark_metadata``, whose older
-    batches are compacted into ``N.compact`` files); a batch's files are written after the
-    batch before it committed, so their modification times order the batches. A key's rows
-    of one batch come from one task, hence one file.
-    """
-    entries = {}
-    for log in (out / "_spark_metadata").iterdir():
-        if log.name.startswith("."):
-            continue
-        for line in log.read_text().splitlines()[1:]:
-            entry = json.loads(line)
-            entries[entry["path"]] = entry["modificationTime"]
-    rows: list[dict[str, Any]] = []
-    for path, _ in sorted(entries.items(), key=lambda item: (item[1], item[0])):
-        table = pq.read_table(path.removeprefix("file://"))
-        rows.extend(sorted(table.to_pylist(), key=lambda r: r["lsn"]))
-    return rows
-
-
 def check_histories(rows: list[dict[str, Any]], table: dict[int, tuple[int, str]]) -> None:
-    seen = [(r["id"], r["op"], r["lsn"], r["version"]) for r in rows]
-    assert len(seen) == len(set(seen)), "a row was delivered twice"
-    state: dict[int, tuple[int, str]] = {}
-    deleted: set[int] = set()
-    snapshot_reads: set[int] = set()
-    for row in rows:
-        key, op = row["id"], row["op"]
-        assert key not in deleted, f"key {key}: a row after its delete: {row}"
-        if op == "r":
-            assert key not in snapshot_reads, f"key {key} read twice by the snapshot"
-            assert key not in state, f"key {key}: snapshot read after its changes: {row}"
-            snapshot_reads.add(key)
-        elif op == "c":
-            assert key not in state, f"key {key} inserted twice: {row}"
-            assert row["version"] == 0
-        elif op == "u":
-            assert key in state, f"key {key}: update of a row never seen: {row}"
-            assert row["version"] == state[key][0] + 1, (
-                f"key {key}: version {state[key][0]} then {row['version']}: a change was "
-                "lost or repeated"
-            )
-        else:
-            assert key in state, f"key {key}: delete of a row never seen: {row}"
-            del state[key]
-            deleted.add(key)
-            continue
-        state[key] = (row["version"], row["payload"])
-    differ = sorted(k for k in state.keys() | table.keys() if state.get(k) != table.get(k))
-    assert not differ, [(k, state.get(k), table.get(k)) for k in differ[:10]]
+    found = replay(rows, table)
+    assert not found.duplicated, found.duplicated[:10]
+    assert not found.lost, found.lost[:10]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,107 @@
+"""Exactly-once under random fault schedules: every record counted, per connector.
+
+For each connector, ``--schedules`` schedules are drawn from consecutive seeds
+(:mod:`tests.faults.schedule`) and run against real Spark (local mode) while the source
+keeps receiving data (:mod:`tests.faults.harness`): driver SIGKILLs (also with a batch in
+flight), Python workers killed mid-task, restarts at another parallelism, and the
+connector's own faults (:mod:`tests.faults.workloads`). After each, the sink is recounted
+against the source. A failing schedule prints its seed; replay it with
+``--seed N --schedules 1``.
+
+    python bench/faults.py --schedules 50            # every connector
+    python bench/faults.py --connectors files --seed 7 --schedules 1
+    python bench/faults.py --quick                   # one schedule of the generator
+
+One line per connector, then ``RESULT lost=<n> duplicated=<n> schedules=<n>`` (target:
+lost=0 duplicated=0), and the fault kinds applied with their counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.faults
+
+from tests.faults.harness import fault_kinds, run_schedule
+from tests.faults.schedule import draw
+from tests.faults.workloads import WORKLOADS, workload
+from tests.spark.cluster import standalone_cluster
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--schedules", type=int, default=5, help="schedules per connector")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--connectors", default=",".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="one generator schedule")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--verbose", action="store_true", help="print what each fault did")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a local standalone cluster (a master, two workers), with executor kills too",
+    )
+    args = parser.parse_args()
+    names = ["generator"] if args.quick else args.connectors.split(",")
+    count = 1 if args.quick else args.schedules
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="splitflow-faults-"))
+    with contextlib.ExitStack() as stack:
+        spark: dict[str, Any] = {}
+        if args.cluster:
+            cluster = stack.enter_context(standalone_cluster(root=root / "cluster"))
+            spark = {"master": cluster.master_url, "executors": cluster.pids}
+        run_all(args, names, count, root, spark)
+
+
+def run_all(
+    args: argparse.Namespace, names: list[str], count: int, root: Path, spark: dict[str, Any]
+) -> None:
+    """Run the schedules; print a line each, one per connector, the faults, and RESULT
+    (after a MISS line naming the failing schedules, if any)."""
+    lost = duplicated = schedules = 0
+    applied: Counter[str] = Counter()
+    failing: list[str] = []
+    for name in names:
+        per = Counter[str]()
+        began = time.monotonic()
+        for seed in range(args.seed, args.seed + count):
+            source = workload(name, seed)
+            schedule = draw(seed, name, fault_kinds(source, cluster=bool(spark)))
+            outcome = run_schedule(schedule, source, root / f"{name}-{seed}", **spark)
+            print(outcome.line(), flush=True)
+            if args.verbose or not outcome.ok:
+                for note in [*outcome.notes, *outcome.count.examples]:
+                    print(f"    {note}", flush=True)
+            per.update(lost=outcome.count.lost, duplicated=outcome.count.duplicated)
+            per.update(records=outcome.count.records, skipped=outcome.count.skipped)
+            applied.update(outcome.applied)
+            if outcome.error is None:
+                schedules += 1
+            if not outcome.ok:
+                failing.append(f"{name} seed {seed}")
+        lost += per["lost"]
+        duplicated += per["duplicated"]
+        print(
+            f"{name}: {count} schedules, {per['records']:,} records, lost={per['lost']} "
+            f"duplicated={per['duplicated']} skipped={per['skipped']} "
+            f"({time.monotonic() - began:.0f}s)",
+            flush=True,
+        )
+    print("faults applied: " + ", ".join(f"{k} {n}" for k, n in sorted(applied.items())))
+    if failing:
+        print(
+            "MISS failing schedules (replay with --connectors NAME --seed N --schedules 1 "
+            "--verbose): " + "; ".join(failing)
+        )
+    print(f"RESULT lost={lost} duplicated={duplicated} schedules={schedules}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""Run a fault schedule against a workload and count every record.
+
+:func:`run_schedule` starts the workload (its data keeps arriving), runs each of the
+schedule's runs as a driver subprocess (``python -m tests.spark.jobs``, its own process
+group, ``local[2,4]`` so that Spark retries a task whose Python worker died), applies the
+run's faults at their times after its first batch and ends it by its fault, stops the
+workload's data, reads what is left with ``trigger(availableNow=True)`` at the final
+parallelism, and recounts the sink (the files Spark's sink log lists) against the data
+with :meth:`~tests.faults.workloads.Workload.recount`. Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.faults import disk
+from tests.faults.schedule import Schedule, Step
+from tests.faults.workloads import Count, Workload
+from tests.spark.support import Job, log_ids, wait_until
+
+MASTER = "local[2,4]"
+"""Two cores, and up to four attempts of a task (a killed Python worker fails only one)."""
+DISK_KINDS = ("disk-full", "disk-read-only")
+"""Faults of the disk that holds the checkpoint and the state directory."""
+
+
+def fault_kinds(workload: Workload, cluster: bool = False) -> tuple[str, ...]:
+    """The faults a schedule of ``workload`` may draw besides ``worker-kill``: its own, the
+    disk's where this process may mount one, and ``executor-kill`` on a cluster."""
+    return (
+        *workload.kinds,
+        *(DISK_KINDS if disk.available() else ()),
+        *(("executor-kill",) if cluster else ()),
+    )
+
+
+@dataclass
+class Outcome:
+    """What a schedule did to the records."""
+
+    schedule: Schedule
+    count: Count
+    applied: Counter[str] = field(default_factory=Counter)
+    """Faults applied, by kind (a run's end counts once it killed a live driver)."""
+    notes: list[str] = field(default_factory=list)
+    """What happened besides: injected details, runs whose query failed by itself."""
+    seconds: float = 0.0
+    error: str | None = None
+    """Why the schedule could not be counted: a run that never got a first batch, or a
+    final run that did not read everything (the count is then empty)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.count.lost == 0 and self.count.duplicated == 0
+
+    def line(self) -> str:
+        c = self.count
+        result = (
+            f"ERROR {self.error}"
+            if self.error
+            else f"{c.records} records, lost={c.lost} duplicated={c.duplicated} skipped={c.skipped}"
+        )
+        return (
+            f"{'ok  ' if self.ok else 'FAIL'} {self.schedule.describe()} -> {result} "
+            f"({self.seconds:.0f}s)"
+        )
+
+
+def run_schedule(
+    schedule: Schedule,
+    workload: Workload,
+    workdir: Path,
+    *,
+    master: str = MASTER,
+    executors: Sequence[int] = (),
+) -> Outcome:
+    """Run ``schedule`` on ``workload`` in ``workdir`` (created); see the module doc.
+
+    ``master``: Spark's master (a standalone cluster's ``spark://...``); ``executors``: the
+    PIDs under which its executors run (a cluster's worker daemons), where ``worker-kill``
+    and ``executor-kill`` look for their victims besides the driver's own processes.
+    """
+    began = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(f"{schedule.workload}:{schedule.seed}:inject")
+    drive = disk.Disk(workdir / "disk") if set(DISK_KINDS) & set(schedule.kinds()) else None
+    where = drive.path if drive else workdir
+    out, log = workdir / "out", workdir / "jobs.log"
+    checkpoint, state = where / "checkpoint", where / "state"
+    applied: Counter[str] = Counter()
+    notes: list[str] = []
+
+    def job(parallelism: int, trigger: str) -> Job:
+        return Job(
+            [
+                *workload.job_args(),
+                f"--out={out}",
+                f"--checkpoint={checkpoint}",
+                f"--parallelism={parallelism}",
+                f"--trigger={trigger}",
+                f"--master={master}",
+                "--timeout=600",
+            ],
+            log,
+        )
+
+    workload.start(workdir / "data", state)
+    try:
+        roots = (0, *executors)  # 0: each run's driver
+        _runs(schedule, workload, job, checkpoint, rnd, applied, notes, roots, drive)
+        workload.stop()
+        for _ in range(workload.final_runs):
+            final = job(schedule.final_parallelism, "availableNow")
+            try:
+                code = final.finish(600)
+            finally:
+                final.close()
+            if code != 0 or "TERMINATED" not in final.lines:
+                raise AssertionError(f"the final run failed ({code}): {final.lines[-3:]}")
+        count = workload.recount(out)
+    except AssertionError as failure:
+        error = str(failure).replace("\n", " | ")[:2000]
+        return Outcome(schedule, Count(0, 0, 0), applied, notes, time.monotonic() - began, error)
+    finally:
+        workload.close()
+        if drive is not None:
+            drive.close()
+    return Outcome(schedule, count, applied, notes, time.monotonic() - began)
+
+
+def _runs(
+    schedule: Schedule,
+    workload: Workload,
+    job: Callable[[int, str], Job],
+    checkpoint: Path,
+    rnd: random.Random,
+    applied: Counter[str],
+    notes: list[str],
+    roots: Sequence[int],
+    drive: disk.Disk | None,
+) -> None:
+    """The schedule's runs, each ended by its fault (see :func:`run_schedule`); ``roots``:
+    where Spark's processes run (0 stands for the run's driver)."""
+    for number, run in enumerate(schedule.runs, 1):
+        driver = job(run.parallelism, "500ms")
+        try:
+            wait_until(
+                f"run {number}'s first batch",
+                lambda driver=driver: driver.check_alive() and driver.batches(),
+                240,
+            )
+            first = time.monotonic()
+            for step in run.steps:
+                _sleep_until(first + step.at)
+                if driver.process.poll() is not None:
+                    break
+                where = [root or driver.process.pid for root in roots]
+                done = _apply(step, workload, where, checkpoint, rnd, drive)
+                notes.append(f"run {number}: {done}")
+                if ": not applied: " not in done:
+                    applied[step.kind] += 1
+            if _end(run.end, first, driver, checkpoint):
+                applied[run.end.kind] += 1
+            else:
+                last = driver.lines[-1] if driver.lines else ""
+                notes.append(f"run {number} ended by itself: {last[:300]}")
+        finally:
+            driver.close()
+
+
+def _sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+def _in_flight(checkpoint: Path) -> int | None:
+    """A batch whose offset is written and whose commit is not, if any."""
+    pending = set(log_ids(checkpoint, "offsets")) - set(log_ids(checkpoint, "commits"))
+    return min(pending, default=None)
+
+
+def _end(end: Step, first: float, driver: Job, checkpoint: Path) -> bool:
+    """End the run by its fault; False when the driver had already exited."""
+    _sleep_until(first + end.at)
+    if end.kind == "driver-kill-in-flight":
+        with contextlib.suppress(AssertionError):  # none for a minute: killed at any moment
+            wait_until(
+                "a batch in flight",
+                lambda: driver.process.poll() is not None or _in_flight(checkpoint) is not None,
+                60,
+                step=0.01,
+            )
+    if driver.process.poll() is not None:
+        return False
+    driver.kill()
+    return True
+
+
+def _apply(
+    step: Step,
+    workload: Workload,
+    roots: Sequence[int],
+    checkpoint: Path,
+    rnd: random.Random,
+    drive: disk.Disk | None,
+) -> str:
+    if step.kind in DISK_KINDS and drive is not None:
+        seconds = round(rnd.uniform(2, 4), 1)
+        return drive.full_for(seconds) if step.kind == "disk-full" else drive.read_only_for(seconds)
+    if step.kind == "worker-kill":
+        return _kill(step.kind, python_workers(roots), checkpoint, rnd)
+    if step.kind == "executor-kill":
+        return _kill(step.kind, executors_under(roots), checkpoint, rnd)
+    return workload.inject(step.kind, rnd)
+
+
+def _kill(
+    kind: str, candidates: Callable[[], list[int]], checkpoint: Path, rnd: random.Random
+) -> str:
+    """SIGKILL one of ``candidates()``, once a batch is in flight if one comes within 10 s
+    (Spark retries the tasks that ran in it)."""
+    with contextlib.suppress(AssertionError):
+        wait_until("a batch in flight", lambda: _in_flight(checkpoint) is not None, 10, step=0.01)
+    victims = candidates()
+    if not victims:
+        return f"{kind}: not applied: none alive"
+    victim = rnd.choice(sorted(victims))
+    try:
+        os.kill(victim, signal.SIGKILL)
+    except ProcessLookupError:
+        return f"{kind}: not applied: {victim} had exited"
+    return f"{kind}: killed {victim} (batch in flight: {_in_flight(checkpoint)})"
+
+
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """Every process: PID -> (parent PID, command line)."""
+    result = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        result[int(name)] = (int(stat.rsplit(")", 1)[1].split()[1]), command)
+    return result
+
+
+def _under(
+    roots: Sequence[int], matches: Callable[[int, dict[int, tuple[int, bytes]]], bool]
+) -> list[int]:
+    processes = _processes()
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            if pid in roots:
+                return True
+            pid = processes.get(pid, (0, b""))[0]
+        return False
+
+    return [pid for pid in processes if matches(pid, processes) and descends(pid)]
+
+
+def python_workers(roots: Sequence[int]) -> Callable[[], list[int]]:
+    """PySpark Python workers under ``roots``: children of a ``pyspark.daemon`` process that
+    run the daemon's code too (the workers it forked; the daemon itself is spared)."""
+
+    def daemon(pid: int, processes: dict[int, tuple[int, bytes]]) -> bool:
+        return b"pyspark.daemon" in processes.get(pid, (0, b""))[1]
+
+    return lambda: _under(roots, lambda pid, ps: daemon(pid, ps) and daemon(ps[pid][0], ps))
+
+
+def executors_under(roots: Sequence[int]) -> Callable[[], list[int]]:
+    """Executor JVMs (``CoarseGrainedExecutorBackend``) under ``roots``."""
+    return lambda: _under(roots, lambda pid, ps: b"CoarseGrainedExecutorBackend" in ps[pid][1])

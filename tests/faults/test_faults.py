@@ -1,0 +1,74 @@
+"""A few fault schedules per connector, every record counted (the long run: bench/faults.py).
+
+Each seed draws its schedule (``tests.faults.schedule``): driver SIGKILLs at a moment and
+with a batch in flight, Python workers killed mid-task, restarts at another parallelism,
+a full or read-only disk under the checkpoint and the state directory, and the connector's
+own faults, while the source keeps receiving data. The seeds are chosen so that every kind
+of fault runs at least once. A failure prints the schedule, what each fault did and
+examples of the records lost or duplicated; replay it with
+``python bench/faults.py --connectors NAME --seed N --schedules 1 --verbose``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.faults import disk
+from tests.faults.harness import Outcome, fault_kinds, run_schedule
+from tests.faults.schedule import draw
+from tests.faults.workloads import workload
+from tests.spark.cluster import StandaloneCluster, standalone_cluster
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17 on PATH"),
+]
+
+SEEDS = [("generator", 4), ("files", 5), ("kafka", 20), ("cdc", 2)]
+"""With a disk to mount: generator 4 fills the disk; files 5 (CSV) has every fault of
+files and the disk's; kafka 20 pauses the broker, creates and deletes topics; cdc 2
+restarts the database and fills the disk. Workers are killed in all but kafka 20."""
+
+
+def check(outcome: Outcome) -> None:
+    report = "\n".join([outcome.line(), *outcome.notes, *outcome.count.examples])
+    assert outcome.ok, report
+    assert outcome.count.records > 0, report
+    assert sum(outcome.applied.values()) >= len(outcome.schedule.runs), report
+
+
+@pytest.mark.parametrize(("name", "seed"), SEEDS, ids=[f"{n}-{s}" for n, s in SEEDS])
+def test_a_fault_schedule_loses_and_repeats_no_record(name: str, seed: int, tmp_path: Path) -> None:
+    source = workload(name, seed)
+    check(run_schedule(draw(seed, name, fault_kinds(source)), source, tmp_path))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with standalone_cluster(root=tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+def test_on_a_standalone_cluster_with_executors_killed(
+    cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """Files 10 on a master and two workers: executors and Python workers killed, files
+    vanishing and bursting, drivers killed."""
+    source = workload("files", 10)
+    schedule = draw(10, "files", fault_kinds(source, cluster=True))
+    assert "executor-kill" in schedule.kinds()
+    outcome = run_schedule(
+        schedule, source, tmp_path, master=cluster.master_url, executors=cluster.pids
+    )
+    check(outcome)
+    assert outcome.applied["executor-kill"] >= 1, outcome.notes
+
+
+def test_disk_faults_are_drawn_where_a_disk_can_be_mounted() -> None:
+    """The disk faults need a tmpfs mount (root here); say so where they cannot run."""
+    if not disk.available():
+        pytest.skip("this process may not mount a tmpfs: no disk faults are drawn")
+    assert {"disk-full", "disk-read-only"} <= set(fault_kinds(workload("generator", 0)))

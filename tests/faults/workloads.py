@@ -1,0 +1,448 @@
+"""The sources a fault schedule runs against: their data, their faults, their recount.
+
+A :class:`Workload` starts its data (which keeps arriving until :meth:`Workload.stop`),
+gives the driver's arguments (source, schema, options), injects its own kinds of fault,
+and recounts the sink against the data: every record exactly once, except those the docs
+say are skipped (a split that vanished under ``failOnDataLoss=false``: its records not read
+before it vanished), which may be missing, never repeated.
+
+The sink is read as Spark's file sink defines it: the Parquet files its log lists
+(:func:`splitflow.job.pipeline.committed_output_files`); part files of a batch that did not
+commit do not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from splitflow.job.pipeline import committed_output_files
+
+
+@dataclass(frozen=True)
+class Count:
+    """A recount: the records the source holds, those missing from the sink that should
+    be there (``lost``), the extra copies in the sink (``duplicated``), and those missing
+    that the docs say are skipped (``skipped``)."""
+
+    records: int
+    lost: int
+    duplicated: int
+    skipped: int = 0
+    examples: tuple[str, ...] = ()
+    """A few of the records lost or duplicated, described (for the report)."""
+
+
+def recount(sink: Iterable[Any], expected: Iterable[Any], may_skip: Iterable[Any] = ()) -> Count:
+    """Compare the sink's record keys with the expected ones; ``may_skip``: keys (of the
+    expected) that may be missing. A key the source never held counts as duplicated."""
+    seen = Counter(sink)
+    wanted = set(expected)
+    optional = set(may_skip)
+    lost = sorted(key for key in wanted if key not in seen and key not in optional)
+    skipped = sum(1 for key in optional if key in wanted and key not in seen)
+    extra = sorted((key, n) for key, n in seen.items() if n > 1 or key not in wanted)
+    duplicated = sum(n if key not in wanted else n - 1 for key, n in extra)
+    examples = [f"lost {key}" for key in lost[:3]] + [f"{n}x {key}" for key, n in extra[:3]]
+    return Count(len(wanted), len(lost), duplicated, skipped, tuple(examples))
+
+
+def sink_keys(out: Path, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The values of ``columns`` of every row the sink at ``out`` committed."""
+    files = committed_output_files(out)
+    if not files:
+        return []
+    table = pa.concat_tables(pq.read_table(p, columns=columns) for p in files)
+    return list(zip(*(table[c].to_pylist() for c in columns), strict=True))
+
+
+class Workload(ABC):
+    """A source, its data and its recount (see the module doc). Not thread-safe."""
+
+    name: str
+    kinds: tuple[str, ...] = ()
+    """Its own fault kinds (see :meth:`inject`)."""
+    final_runs = 1
+    """``trigger(availableNow=True)`` runs it takes to read everything once the data stopped
+    (a split that appears during such a run waits for the next one)."""
+
+    @abstractmethod
+    def start(self, data: Path, state: Path) -> None:
+        """Create the data under ``data`` and keep it arriving; ``state``: the query's
+        ``stateDir`` (on the disk the schedule's faults hit)."""
+
+    @abstractmethod
+    def job_args(self) -> list[str]:
+        """The driver's source arguments (``--source``, ``--schema``, ``--option``)."""
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        """Apply fault ``kind`` now; says what it did."""
+        raise ValueError(f"{self.name} has no fault {kind!r}")
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the data arriving: from now on the source holds what it will hold."""
+
+    @abstractmethod
+    def recount(self, out: Path) -> Count:
+        """The sink at ``out`` against the data."""
+
+    def close(self) -> None:  # noqa: B027 (optional)
+        """Release what :meth:`start` made (threads, servers)."""
+
+
+# -- the generator -------------------------------------------------------------------------------
+
+
+class GeneratorWorkload(Workload):
+    """``splitflow-generator``: 4 splits of ``rows`` rows each, arriving at ``rate`` rows per
+    second per split (so its rows keep coming for ``rows / rate`` seconds)."""
+
+    name = "generator"
+
+    def __init__(self, rows: int = 1_500, rate: float = 100.0) -> None:
+        self.rows, self.rate = rows, rate
+        self.started = 0.0
+
+    def start(self, data: Path, state: Path) -> None:
+        data.mkdir(parents=True, exist_ok=True)
+        self.state = state
+        self.started = time.time()
+
+    def job_args(self) -> list[str]:
+        return [
+            "--source=splitflow-generator",
+            "--max-records-per-batch=200",
+            "--option=splits=4",
+            f"--option=rowsPerSplit={self.rows}",
+            f"--option=rowsPerSecond={4 * self.rate:g}",
+            f"--option=startTime={self.started:.3f}",
+            f"--option=stateDir={self.state}",
+        ]
+
+    def stop(self) -> None:  # the last rows exist once their event time has passed
+        time.sleep(max(0.0, self.started + self.rows / self.rate + 0.5 - time.time()))
+
+    def recount(self, out: Path) -> Count:
+        expected = ((s, i) for s in range(4) for i in range(self.rows))
+        return recount(sink_keys(out, ["split", "id"]), expected)
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+FILE_SCHEMA = "file string, n bigint, pad string"
+
+
+class FilesWorkload(Workload):
+    """``splitflow-files`` on a landing directory in ``format`` (``parquet``, ``json`` or
+    ``csv``): a producer writes a file of ``rows`` rows every ``every`` seconds, up to
+    ``limit`` files. Faults: ``file-vanish`` (a file is deleted, read or not: with
+    ``failOnDataLoss=false`` its unread rows are skipped), ``files-burst`` (ten files at
+    once)."""
+
+    name = "files"
+    kinds = ("file-vanish", "files-burst")
+
+    def __init__(self, format: str, rows: int = 25, every: float = 0.25, limit: int = 80) -> None:
+        self.format, self.rows, self.every, self.limit = format, rows, every, limit
+        self.written: list[str] = []
+        self.vanished: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, data: Path, state: Path) -> None:
+        self.landing, self.state = data / "landing", state
+        self.landing.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        while not self._stopped.wait(self.every):
+            if len(self.written) >= self.limit:
+                return
+            self._write()
+
+    def _write(self) -> str:
+        with self._lock:
+            name = f"f{len(self.written):05d}.{self.format}"
+            self.written.append(name)
+        rows = self.rows_of(name)
+        table = pa.table(
+            {k: [r[k] for r in rows] for k in ("file", "n", "pad")},
+            schema=pa.schema([("file", pa.string()), ("n", pa.int64()), ("pad", pa.string())]),
+        )
+        temporary = self.landing.parent / f".{name}.tmp"
+        if self.format == "parquet":
+            pq.write_table(table, temporary, row_group_size=10)
+        elif self.format == "csv":
+            pacsv.write_csv(table, temporary)
+        else:
+            temporary.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(temporary, self.landing / name)
+        return name
+
+    def rows_of(self, name: str) -> list[dict[str, Any]]:
+        return [{"file": name, "n": i, "pad": "p" * (i * 7 % 40)} for i in range(self.rows)]
+
+    def job_args(self) -> list[str]:
+        return [
+            "--source=splitflow-files",
+            f"--schema={FILE_SCHEMA}",
+            f"--option=path={self.landing}",
+            f"--option=format={self.format}",
+            f"--option=pattern=*.{self.format}",
+            "--option=maxFilesPerBatch=4",
+            "--option=discoveryInterval=200ms",
+            "--option=failOnDataLoss=false",
+            f"--option=stateDir={self.state}",
+        ]
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        if kind == "files-burst":
+            names = [self._write() for _ in range(10)]
+            return f"files-burst: wrote {names[0]} .. {names[-1]}"
+        if kind == "file-vanish":
+            present = sorted(p.name for p in self.landing.iterdir())
+            if not present:
+                return "file-vanish: not applied: no file yet"
+            name = rnd.choice(present)
+            self.vanished.add(name)
+            (self.landing / name).unlink()
+            return f"file-vanish: deleted {name}"
+        return super().inject(kind, rnd)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def recount(self, out: Path) -> Count:
+        expected = [(name, i) for name in self.written for i in range(self.rows)]
+        vanished = [(f, n) for f, n in expected if f in self.vanished]
+        return recount(sink_keys(out, ["file", "n"]), expected, vanished)
+
+    def close(self) -> None:
+        self.stop()
+
+
+# -- Kafka ---------------------------------------------------------------------------------------
+
+
+class KafkaWorkload(Workload):
+    """``splitflow-kafka`` on a Tansu broker of its own, subscribed by pattern: a producer
+    sends a few records to every partition of every live topic every ``every`` seconds.
+    Faults: ``topic-create`` (a new topic of two partitions, which discovery finds),
+    ``topic-delete`` (a topic goes, read or not: with ``failOnDataLoss=false`` its unread
+    records are skipped), ``broker-pause`` (the broker stopped, SIGSTOP, for 2 to 4 s, then
+    continued: Tansu keeps its data in memory only, so a restart would lose it all)."""
+
+    name = "kafka"
+    kinds = ("topic-create", "topic-delete", "broker-pause")
+
+    def __init__(self, every: float = 0.2, records: int = 2, limit: int = 3_000) -> None:
+        self.every, self.records, self.limit = every, records, limit
+        self.live: dict[str, int] = {}  # topic -> partitions
+        self.deleted: set[str] = set()
+        self.produced: list[tuple[str, int, str]] = []  # (topic, partition, value)
+        self._sequence: Counter[tuple[str, int]] = Counter()
+        self._topics = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._broker: Any = None
+
+    def start(self, data: Path, state: Path) -> None:
+        from tests.support.tansu import Tansu
+
+        data.mkdir(parents=True, exist_ok=True)
+        self.state = state
+        self._broker = Tansu.start(data / "tansu.log")
+        for _ in range(2):
+            self._create()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+        self._thread.start()
+
+    def _create(self) -> str:
+        topic = f"fx-{self._topics}"
+        self._topics += 1
+        self._broker.create_topic(topic, 2)
+        with self._lock:
+            self.live[topic] = 2
+        return topic
+
+    def _produce(self) -> None:
+        while not self._stopped.wait(self.every) and len(self.produced) < self.limit:
+            with self._lock:
+                for topic, partitions in list(self.live.items()):
+                    records = []
+                    for partition in range(partitions):
+                        for _ in range(self.records):
+                            n = self._sequence[(topic, partition)]
+                            self._sequence[(topic, partition)] += 1
+                            value = f"{topic}/{partition}/{n}"
+                            records.append((None, value.encode(), partition))
+                            self.produced.append((topic, partition, value))
+                    self._broker.produce(topic, records)
+
+    def job_args(self) -> list[str]:
+        return [
+            "--source=splitflow-kafka",
+            "--max-records-per-batch=60",
+            f"--option=kafka.bootstrap.servers={self._broker.bootstrap}",
+            "--option=subscribePattern=fx-.*",
+            "--option=startingOffsets=earliest",
+            "--option=discoveryInterval=500ms",
+            "--option=failOnDataLoss=false",
+            f"--option=stateDir={self.state}",
+        ]
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        if kind == "topic-create":
+            return f"topic-create: {self._create()}"
+        if kind == "topic-delete":
+            with self._lock:
+                if len(self.live) < 2:
+                    return "topic-delete: not applied: one topic left"
+                topic = rnd.choice(sorted(self.live))
+                del self.live[topic]
+                self.deleted.add(topic)
+                self._broker.delete_topic(topic)
+            return f"topic-delete: {topic}"
+        if kind == "broker-pause":
+            seconds = round(rnd.uniform(2, 4), 1)
+            os.kill(self._broker.process.pid, signal.SIGSTOP)
+            timer = threading.Timer(seconds, self._continue)
+            timer.daemon = True
+            timer.start()
+            return f"broker-pause: {seconds}s"
+        return super().inject(kind, rnd)
+
+    def _continue(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._broker.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(60)
+        time.sleep(4.5)  # a pause that is still on ends (its timer continues the broker)
+        self._continue()
+
+    def recount(self, out: Path) -> Count:
+        sink = [(t, p, v.decode()) for t, p, v in sink_keys(out, ["topic", "partition", "value"])]
+        skipped = [r for r in self.produced if r[0] in self.deleted]
+        return recount(sink, self.produced, skipped)
+
+    def close(self) -> None:
+        self._stopped.set()
+        if self._broker is not None:
+            self._continue()
+            self._broker.stop()
+            self._broker = None
+
+
+# -- PostgreSQL change data capture -------------------------------------------------------------
+
+
+class CdcWorkload(Workload):
+    """``splitflow-postgres-cdc`` on a PostgreSQL of its own: a table of 400 rows read by a
+    chunked snapshot, then its log, while a writer inserts, updates and deletes. Fault:
+    ``db-restart`` (the server stopped, fast, and started again). The recount replays the
+    sink key by key against the table (:func:`tests.support.cdc.replay`): a gap in a key's
+    versions or a final row that differs is lost, a change seen twice is duplicated."""
+
+    name = "cdc"
+    kinds = ("db-restart",)
+    final_runs = 2  # a run that starts during the snapshot reads the log in the next one
+    table = "fx_orders"
+
+    def __init__(self, rows: int = 400) -> None:
+        self.rows = rows
+        self._postgres: Any = None
+        self._writer: Any = None
+
+    def start(self, data: Path, state: Path) -> None:
+        from tests.support.cdc import Writer
+        from tests.support.postgres import Postgres
+
+        data.mkdir(parents=True, exist_ok=True)
+        self.state = state
+        self._postgres = Postgres.start(data)
+        self._postgres.execute(
+            f"CREATE TABLE {self.table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
+        )
+        self._postgres.execute(
+            f"INSERT INTO {self.table} SELECT g, 0, md5(g::text) "
+            f"FROM generate_series(1, {self.rows}) g"
+        )
+        self._writer = Writer(self._postgres, self.table, self.rows + 1)
+        self._writer.start()
+
+    def job_args(self) -> list[str]:
+        return [
+            "--source=splitflow-postgres-cdc",
+            f"--option=conninfo={self._postgres.conninfo()}",
+            f"--option=tables={self.table}",
+            "--option=slotName=s_faults",
+            "--option=chunkSize=50",
+            "--option=maxChunksPerBatch=2",
+            "--option=discoveryInterval=1s",
+            f"--option=stateDir={self.state}",
+        ]
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        if kind == "db-restart":
+            began = time.monotonic()
+            self._postgres.restart()
+            return f"db-restart: back after {time.monotonic() - began:.1f}s"
+        return super().inject(kind, rnd)
+
+    def stop(self) -> None:
+        if self._writer is not None:
+            self._writer.stop()
+
+    def recount(self, out: Path) -> Count:
+        from tests.support.cdc import replay, sink_in_batch_order, table_rows
+
+        found = replay(sink_in_batch_order(out), table_rows(self._postgres, self.table))
+        examples = (*found.lost[:3], *found.duplicated[:3])
+        changes = self.rows + self._writer.changes
+        return Count(changes, len(found.lost), len(found.duplicated), 0, examples)
+
+    def close(self) -> None:
+        self.stop()
+        if self._postgres is not None:
+            self._postgres.stop()
+            self._postgres = None
+
+
+def workload(name: str, seed: int) -> Workload:
+    """The workload ``name`` for schedule ``seed`` (the files' format follows the seed)."""
+    if name == "generator":
+        return GeneratorWorkload()
+    if name == "files":
+        return FilesWorkload(("parquet", "json", "csv")[seed % 3])
+    if name == "kafka":
+        return KafkaWorkload()
+    if name == "cdc":
+        return CdcWorkload()
+    raise ValueError(f"no workload {name!r}")
+
+
+WORKLOADS = ("generator", "files", "kafka", "cdc")

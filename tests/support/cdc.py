@@ -1,0 +1,159 @@
+"""Change data capture end to end: a writer of changes, and a replay of what the sink got.
+
+:class:`Writer` inserts, updates (``version + 1``) and deletes rows of a table
+``(id bigint PRIMARY KEY, version int, payload text)`` from a thread, and reconnects when
+the server restarts. :func:`sink_in_batch_order` reads a Parquet sink of the CDC source in
+the order Spark committed it, and :func:`replay` replays it key by key against the table's
+final rows: every key's history must be gap-free (``r`` or ``c``, then ``u`` with versions
++1 each, maybe a ``d``) and end at the table's row.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from tests.support.postgres import Postgres
+
+
+class Writer(threading.Thread):
+    """Inserts (new ids only), updates and deletes, a few per 10 ms, until :meth:`stop`;
+    reconnects (after 0.2 s) when the server goes away, so it outlives a restart."""
+
+    def __init__(self, postgres: Postgres, table: str, first_id: int, seed: int = 7) -> None:
+        super().__init__(daemon=True)
+        self.postgres, self.table, self.next_id = postgres, table, first_id
+        self.seed = seed
+        self.stopped = threading.Event()
+        self.changes = 0
+        self.reconnects = 0
+
+    def run(self) -> None:
+        import psycopg
+
+        rng = random.Random(self.seed)
+        while not self.stopped.is_set():
+            try:
+                with self.postgres.connect() as conn:
+                    self._write(conn, rng)
+            except psycopg.OperationalError:
+                self.reconnects += 1
+                self.stopped.wait(0.2)
+
+    def _write(self, conn: Any, rng: random.Random) -> None:
+        while not self.stopped.wait(0.01):
+            with conn.transaction():
+                for _ in range(rng.randint(1, 3)):
+                    action, key = rng.random(), rng.randint(1, self.next_id)
+                    if action < 0.35:
+                        conn.execute(
+                            f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
+                        )
+                        self.next_id += 1
+                    elif action < 0.85:
+                        conn.execute(
+                            f"UPDATE {self.table} SET version = version + 1, "
+                            "payload = md5(random()::text) WHERE id = %s",
+                            (key,),
+                        )
+                    else:
+                        conn.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                    self.changes += 1
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(30)
+
+
+def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
+    """Every row the file sink committed, in batch order (by ``lsn`` within a file).
+
+    The committed files are those in the sink's log (``_spark_metadata``, whose older
+    batches are compacted into ``N.compact`` files); a batch's files are written after the
+    batch before it committed, so their modification times order the batches. A key's rows
+    of one batch come from one task, hence one file.
+    """
+    entries = {}
+    log = out / "_spark_metadata"
+    if not log.is_dir():
+        return []
+    for entry_file in log.iterdir():
+        if entry_file.name.startswith("."):
+            continue
+        for line in entry_file.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            entries[entry["path"]] = entry["modificationTime"]
+    rows: list[dict[str, Any]] = []
+    for path, _ in sorted(entries.items(), key=lambda item: (item[1], item[0])):
+        table = pq.read_table(path.removeprefix("file://"))
+        rows.extend(sorted(table.to_pylist(), key=lambda r: r["lsn"]))
+    return rows
+
+
+@dataclass
+class Replay:
+    """What replaying a sink against a table found: changes lost (a gap in a key's
+    versions, a change to a row never seen, a final row that differs) and changes delivered
+    twice (a repeated row, an older version again, a snapshot read after changes), each
+    with a description; ``keys``: the keys the sink or the table has."""
+
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    keys: int = 0
+
+
+def replay(rows: list[dict[str, Any]], table: Mapping[int, tuple[int, str]]) -> Replay:
+    """Replay ``rows`` (in batch order) against ``table`` (id -> (version, payload))."""
+    result = Replay()
+    seen: set[tuple[Any, ...]] = set()
+    state: dict[int, tuple[int, str]] = {}
+    deleted: set[int] = set()
+    snapshot_reads: set[int] = set()
+    for row in rows:
+        key, op, version = row["id"], row["op"], row["version"]
+        identity = (key, op, row["lsn"], version)
+        if identity in seen:
+            result.duplicated.append(f"key {key}: {op} at lsn {row['lsn']} twice")
+            continue
+        seen.add(identity)
+        if key in deleted:
+            result.duplicated.append(f"key {key}: a row after its delete: {row}")
+        elif op == "r":
+            if key in snapshot_reads or key in state:
+                result.duplicated.append(f"key {key}: snapshot read again or after changes")
+            else:
+                snapshot_reads.add(key)
+                state[key] = (version, row["payload"])
+        elif op == "c":
+            if key in state:
+                result.duplicated.append(f"key {key} inserted twice: {row}")
+            state[key] = (version, row["payload"])
+        elif op == "u":
+            if key not in state:
+                result.lost.append(f"key {key}: update of a row never seen: {row}")
+            elif version <= state[key][0]:
+                result.duplicated.append(f"key {key}: version {version} after {state[key][0]}")
+            elif version > state[key][0] + 1:
+                result.lost.append(f"key {key}: version {state[key][0]} then {version}")
+            state[key] = (version, row["payload"])
+        else:
+            if key not in state:
+                result.lost.append(f"key {key}: delete of a row never seen: {row}")
+            state.pop(key, None)
+            deleted.add(key)
+    for key in sorted(k for k in state.keys() | table.keys() if state.get(k) != table.get(k)):
+        result.lost.append(
+            f"key {key}: the sink ends at {state.get(key)}, the table at {table.get(key)}"
+        )
+    result.keys = len(state.keys() | table.keys() | deleted)
+    return result
+
+
+def table_rows(postgres: Postgres, table: str) -> dict[int, tuple[int, str]]:
+    return {k: (v, p) for k, v, p in postgres.execute(f"SELECT id, version, payload FROM {table}")}
