@@ -261,3 +261,31 @@ def test_batch_read_reads_every_split_from_its_start_to_its_current_end_in_one_j
     assert info.status == "SUCCEEDED"
     (stage,) = info.stageIds
     assert context.statusTracker().getStageInfo(stage).numTasks == 3, "one task per slot"
+
+
+def test_a_second_query_on_a_state_directory_in_use_fails_and_the_first_reads_on(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Two queries given one stateDir would read each other's reader events and delete each
+    other's files: the second fails when it starts, naming the option; the first is not
+    disturbed and its sink holds every record once."""
+    catalog = SequenceCatalog({"a": 30, "b": 30}, path=str(tmp_path / "catalog.json"))
+    state = tmp_path / "state"
+    first = start_stream(
+        spark, catalog, tmp_path / "out1", tmp_path / "chk1", stateDir=state, maxRecordsPerBatch=20
+    )
+    try:
+        wait_until("a committed batch", lambda: log_ids(tmp_path / "chk1", "commits"), 60)
+        second = start_stream(spark, catalog, tmp_path / "out2", tmp_path / "chk2", stateDir=state)
+        try:
+            wait_until("the second query to fail", lambda: second.exception() is not None, 60)
+            message = str(second.exception())
+            assert f"option stateDir: {state} is in use by another query" in message
+            assert not log_ids(tmp_path / "chk2", "commits")
+        finally:
+            second.stop()
+        catalog.append("a", 10)
+        wait_caught_up(first, catalog)
+    finally:
+        first.stop()
+    assert_exactly_once(sink_rows(spark, tmp_path / "out1"), catalog.records())

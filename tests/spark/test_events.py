@@ -13,6 +13,7 @@ import pytest
 from splitflow.api.assigner import AssignerState
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent
+from splitflow.errors import ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.planner import BatchOffset, MaxRecords, Planner, ReadAll
 from splitflow.testing import SequenceCatalog, SequenceSource, SequenceSplit
@@ -181,3 +182,76 @@ def test_a_slot_cut_into_several_tasks_gets_its_events_in_its_first_task_only(
     slot1 = [t for t in tasks if t.slot == 1]
     assert len(slot1) > 1
     assert [decode_events(t.events) for t in slot1] == [[Ping(2)]] + [[]] * (len(slot1) - 1)
+
+
+# -- one query per state directory ---------------------------------------------------------------
+
+
+def planner_on(source: PingSource, state: Path) -> Planner[Any, Any]:
+    return Planner(source, 2, clock=lambda: 0.0, state_dir=str(state))
+
+
+def test_a_second_query_is_refused_a_state_directory_in_use(tmp_path: Path) -> None:
+    _, source, first = setup(tmp_path)
+    start = roundtrip(first.initial_offset())
+    end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
+    first.latest_offset(end1, MaxRecords(10))
+    first.commit(end1)  # a batch committed: the directory is this query's for good
+    with pytest.raises(ConfigurationError) as error:
+        planner_on(source, tmp_path).initial_offset()
+    assert error.value.option == "stateDir"
+    assert f"option stateDir: {tmp_path} is in use by another query, or was" in str(error.value)
+
+
+def test_a_query_whose_directory_another_took_stops_at_its_next_batch(tmp_path: Path) -> None:
+    """Both started afresh, the second before the first committed anything: the second
+    takes the directory, the first fails when it plans, before mixing their events."""
+    _, source, first = setup(tmp_path)
+    start = roundtrip(first.initial_offset())
+    end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
+    planner_on(source, tmp_path).initial_offset()
+    with pytest.raises(ConfigurationError, match="was taken by another query while this one ran"):
+        first.latest_offset(end1, MaxRecords(10))
+
+
+def test_a_restart_keeps_its_directory_and_an_offset_of_another_query_is_refused(
+    tmp_path: Path,
+) -> None:
+    _, source, first = setup(tmp_path / "a")
+    start = roundtrip(first.initial_offset())
+    end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
+    end2 = roundtrip(first.latest_offset(end1, MaxRecords(10)))
+    first.commit(end1)
+    again = planner_on(source, tmp_path / "a")  # a restart from its own offset
+    assert again.latest_offset(end2, MaxRecords(10))["owner"] == end2["owner"]
+    other = planner_on(source, tmp_path / "b")
+    other.latest_offset(roundtrip(other.initial_offset()), MaxRecords(10))
+    with pytest.raises(ConfigurationError, match="belongs to another query than this checkpoint"):
+        planner_on(source, tmp_path / "b").latest_offset(end2, MaxRecords(10))
+
+
+def test_a_first_start_that_died_before_any_commit_leaves_the_directory_free(
+    tmp_path: Path,
+) -> None:
+    """The driver died after claiming the directory, before Spark recorded an offset: the
+    query starts afresh again and must not find its directory locked."""
+    _, source, first = setup(tmp_path)
+    start = roundtrip(first.initial_offset())
+    first.latest_offset(start, MaxRecords(10))
+    fresh = planner_on(source, tmp_path)
+    offset = roundtrip(fresh.initial_offset())
+    assert offset["owner"] != start["owner"]
+
+
+def test_a_checkpoint_of_a_splitflow_without_owner_tokens_takes_its_directory(
+    tmp_path: Path,
+) -> None:
+    """Offsets and a state directory of a splitflow before the owner token: the restored
+    query draws a token and takes the directory."""
+    _, source, first = setup(tmp_path)
+    start = roundtrip(first.initial_offset())
+    end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
+    del end1["owner"]
+    (tmp_path / "owner.json").unlink()
+    end2 = roundtrip(planner_on(source, tmp_path).latest_offset(end1, MaxRecords(10)))
+    assert end2["owner"] not in (None, start["owner"])

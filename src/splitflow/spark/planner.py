@@ -22,6 +22,7 @@ import heapq
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic
@@ -50,6 +51,7 @@ from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerRef, LedgerStore
+from splitflow.spark.statedir import Owner
 
 log = logging.getLogger("splitflow.spark")
 
@@ -213,6 +215,9 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     event_times: Mapping[str, int] = field(default_factory=dict)
     """Each held split's watermark: the latest event time read from it (microseconds), as
     reported by the batches up to ``events_through``."""
+    owner: str | None = None
+    """The token of the query's state directory (:class:`~splitflow.spark.statedir.Owner`),
+    with ``stateDir``."""
 
     def has_tasks(self, slot: int) -> bool:
         return any(s.records > 0 for s in self.slots[slot])
@@ -263,6 +268,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
             **({} if self.ledger is None else {"ledger": self.ledger.encode()}),
             **({"event_times": dict(self.event_times)} if self.event_times else {}),
+            **({} if self.owner is None else {"owner": self.owner}),
         }
 
     @classmethod
@@ -291,6 +297,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             },
             ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
             event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
+            owner=data.get("owner"),
         )
 
 
@@ -318,6 +325,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self.parallelism = parallelism
         self.backlog_lag_threshold = backlog_lag_threshold
         self._events = EventStore(state_dir) if state_dir else None
+        self._owner = Owner(state_dir) if state_dir else None
+        self._token: str | None = None  # the state directory's owner token
         codec = source.enumerator_state_codec
         self._ledgers: LedgerCodec[EnumStateT] | None = (
             codec if isinstance(codec, LedgerCodec) else None
@@ -353,6 +362,9 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _start(self, restore_from: BatchOffset[SplitT, EnumStateT] | None) -> None:
         self.close()
+        if self._owner is not None:  # an offset of an older splitflow has no token: a new one
+            self._token = (restore_from.owner if restore_from else None) or uuid.uuid4().hex
+            self._owner.claim(self._token, restored=restore_from is not None)
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
@@ -492,6 +504,8 @@ class Planner(Generic[SplitT, EnumStateT]):
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
         self._ensure(start)
+        if self._owner is not None and self._token is not None:
+            self._owner.check(self._token)
         self._apply_reader_events(int(start["seq"]))
         self._pump()
         if self._fix_target:
@@ -546,6 +560,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = int(end["seq"])
         if self._coordinator is not None and seq > 0:
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
+        if self._owner is not None and self._token is not None and seq > 0:
+            self._owner.confirm(self._token)
         if self._events is not None:
             self._events.discard_through(int(end.get("events_through", 0)))
         if self._ledger is not None and "ledger" in end:
@@ -950,6 +966,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             {slot: tuple(events) for slot, events in to_readers.items()},
             ledger,
             dict(self._event_times),
+            self._token,
         )
         self._unrecorded_finish = False
         return self._last
