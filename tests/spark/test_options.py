@@ -109,7 +109,8 @@ def test_options_are_read_under_the_lower_cased_keys_spark_passes() -> None:
 def test_durations_take_ms_s_m_h_or_bare_seconds(text: str, seconds: float) -> None:
     assert parse_duration("maxBatchDelay", text) == pytest.approx(seconds)
     assert parse(maxBatchDelay=text).max_batch_delay == pytest.approx(seconds)
-    assert parse(readerIdleTimeout=text).reader_idle_timeout == pytest.approx(seconds)
+    if seconds > 0:  # a timeout of 0 is refused (see the zero test below)
+        assert parse(readerIdleTimeout=text).reader_idle_timeout == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("option", DURATION_OPTIONS)
@@ -310,3 +311,27 @@ def test_each_connector_refuses_options_it_does_not_know(tmp_path: Path) -> None
         with pytest.raises(ConfigurationError, match=text):
             data_source(spark_options(**options))
     assert KafkaDataSource(spark_options(**kafka, **{"kafka.client.id": "x"})) is not None
+
+
+def test_an_interval_or_a_timeout_of_zero_is_refused_naming_the_option(
+    tmp_path: Path, sequence_data_source: Any, catalog_file: str
+) -> None:
+    """A zero discovery interval used to pass load() and fail the query's start with an
+    error about call_async; a zero timeout fails every task or request at once."""
+    from splitflow.spark.files import FilesDataSource
+    from splitflow.spark.kafka import KafkaDataSource
+
+    (tmp_path / "a.json").write_text('{"n": 1}\n')
+    kafka = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
+    cases = [
+        (lambda o: sequence_data_source(catalog=catalog_file, **o), "discoveryInterval"),
+        (lambda o: sequence_data_source(catalog=catalog_file, **o), "readerIdleTimeout"),
+        (lambda o: FilesDataSource(spark_options(path=str(tmp_path), **o)), "discoveryInterval"),
+        (lambda o: KafkaDataSource(spark_options(**kafka, **o)), "discoveryInterval"),
+        (lambda o: KafkaDataSource(spark_options(**kafka, **o)), "requestTimeout"),
+    ]
+    for make, option in cases:
+        with pytest.raises(ConfigurationError) as error:
+            make({option: "0s"})
+        assert error.value.option == option
+        assert str(error.value).startswith(f"option {option}: '0s' is not a duration above 0")

@@ -16,15 +16,25 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
-def parse_duration(option: str, text: str) -> float:
-    """Seconds in ``text``; a ConfigurationError naming ``option`` if it is not a duration."""
+def parse_duration(option: str, text: str, *, above_zero: bool = False) -> float:
+    """Seconds in ``text``; a ConfigurationError naming ``option`` if it is not a duration
+    (or, with ``above_zero``, if it is 0: an interval or a timeout).
+
+    >>> parse_duration("discoveryInterval", "0s", above_zero=True)
+    Traceback (most recent call last):
+    ...
+    splitflow.errors.ConfigurationError: option discoveryInterval: '0s' is not a duration \
+above 0 (examples: 500ms, 30s, 15m, 1h)
+    """
     match = _DURATION.match(text)
-    if not match:
+    seconds = float(match.group(1)) * _UNITS[match.group(2)] if match else None
+    if seconds is None or (above_zero and seconds <= 0):
+        above = " above 0" if above_zero else ""
         raise ConfigurationError(
-            f"option {option}: {text!r} is not a duration (examples: 500ms, 30s, 15m, 1h)",
+            f"option {option}: {text!r} is not a duration{above} (examples: 500ms, 30s, 15m, 1h)",
             option=option,
         )
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    return seconds
 
 
 _BYTES = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)

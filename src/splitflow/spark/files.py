@@ -118,14 +118,14 @@ class FilesDataSource(SplitflowDataSource):
         found = self._text(*names)
         return None if found is None else parse_bytes(*found)
 
-    def _duration(self, name: str) -> float | None:
+    def _duration(self, name: str, *, above_zero: bool = False) -> float | None:
         found = self._text(name)
         if found is None:
             return None
         text = found[1].strip()
         if text.endswith("d") and text[:-1].strip().replace(".", "", 1).isdigit():
             return float(text[:-1]) * 86400.0
-        return parse_duration(name, text)
+        return parse_duration(name, text, above_zero=above_zero)
 
     def create_source(self) -> FilesSource:
         path = self.options.get("path")
@@ -152,7 +152,7 @@ class FilesDataSource(SplitflowDataSource):
                 option="badFiles",
             )
         fmt = self.options.get("format")
-        interval = self._duration("discoveryInterval")
+        interval = self._duration("discoveryInterval", above_zero=True)
         resolved = self.options.get(_RESOLVED_SCHEMA)
         source = FilesSource(
             path,

@@ -104,9 +104,9 @@ class RuntimeOptions:
             text = options.get(name.lower())
             return None if text is None else parse_bytes(name, text)
 
-        def duration(name: str, default: float) -> float:
+        def duration(name: str, default: float, *, above_zero: bool = False) -> float:
             text = options.get(name.lower())
-            return default if text is None else parse_duration(name, text)
+            return default if text is None else parse_duration(name, text, above_zero=above_zero)
 
         parsed = cls(
             parallelism=whole("parallelism") or 2,
@@ -118,7 +118,7 @@ class RuntimeOptions:
             min_records_per_batch=whole("minRecordsPerBatch"),
             max_batch_delay=duration("maxBatchDelay", 900.0),
             max_records_per_task=whole("maxRecordsPerTask"),
-            reader_idle_timeout=duration("readerIdleTimeout", 60.0),
+            reader_idle_timeout=duration("readerIdleTimeout", 60.0, above_zero=True),
             state_dir=options.get("statedir") or None,
             event_time_column=options.get("eventtimecolumn") or None,
             max_event_time_drift=(

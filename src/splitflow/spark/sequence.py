@@ -56,7 +56,7 @@ class SequenceDataSource(SplitflowDataSource):
             fail_on_data_loss=fail_on_data_loss,
             discovery_interval=None
             if interval is None
-            else parse_duration("discoveryInterval", interval),
+            else parse_duration("discoveryInterval", interval, above_zero=True),
             fetch_size=parse_positive_int("fetchSize", fetch) if fetch else 1000,
             record_bytes=parse_bytes("recordBytes", record_bytes) if record_bytes else None,
         )

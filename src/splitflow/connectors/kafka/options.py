@@ -186,13 +186,17 @@ class KafkaOptions:
             discovery_interval=(
                 None
                 if batch
-                else (30.0 if interval is None else parse_duration("discoveryInterval", interval))
+                else (
+                    30.0
+                    if interval is None
+                    else parse_duration("discoveryInterval", interval, above_zero=True)
+                )
             ),
             assignment=_choice("splitAssignment", get("splitAssignment"), ("balanced", "hash")),
             request_timeout=(
                 30.0
                 if get("requestTimeout") is None
-                else parse_duration("requestTimeout", str(get("requestTimeout")))
+                else parse_duration("requestTimeout", str(get("requestTimeout")), above_zero=True)
             ),
         )
 

@@ -91,7 +91,7 @@ class PostgresOptions:
         port = get("port")
         if port is not None:
             parse_positive_int("port", port)
-        timeout = parse_duration("connectTimeout", get("connecttimeout") or "10s")
+        timeout = parse_duration("connectTimeout", get("connecttimeout") or "10s", above_zero=True)
         overrides = {
             name: get(name)
             for name in ("host", "port", "dbname", "user", "password")
@@ -146,7 +146,7 @@ class PostgresOptions:
             slot=slot,
             publication=publication,
             discovery_interval=parse_duration(
-                "discoveryInterval", get("discoveryinterval") or "30s"
+                "discoveryInterval", get("discoveryinterval") or "30s", above_zero=True
             ),
         )
 
