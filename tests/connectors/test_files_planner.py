@@ -253,3 +253,30 @@ def test_files_found_when_a_run_starts_are_backlog_and_files_that_appear_later_a
     assert restarted.batches[-1] == [("while-down.json", i) for i in range(4)]
     assert BatchOffset.decode(restarted.offset, restarted.source).backlog
     restarted.close()
+
+
+def test_a_byte_budget_cuts_batches_by_file_bytes_and_reads_every_row_once(
+    tmp_path: Path,
+) -> None:
+    """``maxBytesPerBatch``: positions are bytes, so a batch reads about that many bytes
+    (whole lines: one that crosses the budget is read by the slice it starts in)."""
+    from splitflow.spark.planner import MaxBytes
+
+    sizes = [write(tmp_path, f"{name}.json", 200).stat().st_size for name in "ab"]
+    files = source(tmp_path)
+    planner: Planner[Any, Any] = Planner(files, 2, clock=lambda: 0.0)
+    offset = planner.initial_offset()
+    rows: list[tuple[str, int]] = []
+    stops = []
+    while True:
+        end = planner.latest_offset(offset, MaxBytes(1_000))
+        if end["seq"] == offset["seq"]:
+            break
+        decoded = BatchOffset.decode(end, files)
+        stops.append(sum(s.records for slot in decoded.slots for s in slot))
+        rows += read_offset(files, decoded)
+        offset = end
+    planner.close()
+    assert sorted(rows) == every_row({"a.json": 200, "b.json": 200})
+    assert all(planned <= 1_000 for planned in stops)
+    assert len(stops) >= sum(sizes) // 1_000

@@ -335,3 +335,14 @@ def test_an_interval_or_a_timeout_of_zero_is_refused_naming_the_option(
             make({option: "0s"})
         assert error.value.option == option
         assert str(error.value).startswith(f"option {option}: '0s' is not a duration above 0")
+
+
+def test_the_files_source_takes_a_byte_budget_under_either_name(tmp_path: Path) -> None:
+    """Documented for files (positions are bytes), and refused at load until a review for
+    issue 13 found it: ``maxBytesPerTrigger`` is Spark's name for ``maxBytesPerBatch``."""
+    from splitflow.spark.files import FilesDataSource
+
+    (tmp_path / "a.json").write_text('{"n": 1}\n')
+    for name in ("maxBytesPerBatch", "maxBytesPerTrigger"):
+        ds = FilesDataSource(spark_options(path=str(tmp_path), **{name: "1k"}))
+        assert ds.runtime.max_bytes_per_batch == 1024

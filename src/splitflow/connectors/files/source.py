@@ -624,6 +624,12 @@ class FilesSource(
         return self.time_column if self.format == "parquet" else None
 
     @property
+    def estimates_size(self) -> bool:
+        """Yes: positions are bytes (every extent has ``bytes_per_position`` 1), so the
+        runtime's byte budgets (``maxBytesPerBatch``) cut batches by file bytes."""
+        return True
+
+    @property
     def split_codec(self) -> Codec[FileSplit]:
         return DataclassCodec(FileSplit)
 
