@@ -77,7 +77,7 @@ def run_all(
             outcome = run_schedule(schedule, source, root / f"{name}-{seed}", **spark)
             print(outcome.line(), flush=True)
             if args.verbose or not outcome.ok:
-                for note in [*outcome.notes, *outcome.count.examples]:
+                for note in [*outcome.notes, *outcome.count.examples, *outcome.leaks[:5]]:
                     print(f"    {note}", flush=True)
             per.update(lost=outcome.count.lost, duplicated=outcome.count.duplicated)
             per.update(records=outcome.count.records, skipped=outcome.count.skipped)

@@ -56,10 +56,14 @@ class Outcome:
     error: str | None = None
     """Why the schedule could not be counted: a run that never got a first batch, or a
     final run that did not read everything (the count is then empty)."""
+    leaks: list[str] = field(default_factory=list)
+    """Where the workload's secret was found: files of the checkpoint, the state directory
+    or the sink, and lines of the drivers' output and logs."""
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.count.lost == 0 and self.count.duplicated == 0
+        no_loss = self.count.lost == 0 and self.count.duplicated == 0
+        return self.error is None and no_loss and not self.leaks
 
     def line(self) -> str:
         c = self.count
@@ -68,8 +72,9 @@ class Outcome:
             if self.error
             else f"{c.records} records, lost={c.lost} duplicated={c.duplicated} skipped={c.skipped}"
         )
+        leaks = f", the secret in {len(self.leaks)} places" if self.leaks else ""
         return (
-            f"{'ok  ' if self.ok else 'FAIL'} {self.schedule.describe()} -> {result} "
+            f"{'ok  ' if self.ok else 'FAIL'} {self.schedule.describe()} -> {result}{leaks} "
             f"({self.seconds:.0f}s)"
         )
 
@@ -126,6 +131,7 @@ def run_schedule(
             if code != 0 or "TERMINATED" not in final.lines:
                 raise AssertionError(f"the final run failed ({code}): {final.lines[-3:]}")
         count = workload.recount(out)
+        leaks = _leaks(workload.secret, [checkpoint, state, out], log)
     except AssertionError as failure:
         error = str(failure).replace("\n", " | ")[:2000]
         return Outcome(schedule, Count(0, 0, 0), applied, notes, time.monotonic() - began, error)
@@ -133,7 +139,25 @@ def run_schedule(
         workload.close()
         if drive is not None:
             drive.close()
-    return Outcome(schedule, count, applied, notes, time.monotonic() - began)
+    return Outcome(schedule, count, applied, notes, time.monotonic() - began, None, leaks)
+
+
+def _leaks(secret: str | None, folders: Sequence[Path], log: Path) -> list[str]:
+    """Files under ``folders`` and lines of ``log`` that hold ``secret``; the lines that
+    start the drivers (``$ jobs ...``: the harness passes it as an option) do not count."""
+    if secret is None:
+        return []
+    found = [
+        str(path)
+        for folder in folders
+        for path in (folder.rglob("*") if folder.is_dir() else [])
+        if path.is_file() and secret.encode() in path.read_bytes()
+    ]
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    found += [
+        f"{log}: {line[:200]}" for line in lines if secret in line and not line.startswith("$ jobs")
+    ]
+    return found
 
 
 def _runs(

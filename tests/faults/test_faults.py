@@ -34,7 +34,7 @@ restarts the database and fills the disk. Workers are killed in all but kafka 20
 
 
 def check(outcome: Outcome) -> None:
-    report = "\n".join([outcome.line(), *outcome.notes, *outcome.count.examples])
+    report = "\n".join([outcome.line(), *outcome.notes, *outcome.count.examples, *outcome.leaks])
     assert outcome.ok, report
     assert outcome.count.records > 0, report
     assert sum(outcome.applied.values()) >= len(outcome.schedule.runs), report

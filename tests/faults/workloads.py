@@ -80,6 +80,8 @@ class Workload(ABC):
     final_runs = 1
     """``trigger(availableNow=True)`` runs it takes to read everything once the data stopped
     (a split that appears during such a run waits for the next one)."""
+    secret: str | None = None
+    """A credential among its options, which must appear nowhere the query writes."""
 
     @abstractmethod
     def start(self, data: Path, state: Path) -> None:
@@ -254,6 +256,7 @@ class KafkaWorkload(Workload):
 
     name = "kafka"
     kinds = ("topic-create", "topic-delete", "broker-pause")
+    secret = "kafka-s3cret-pw"  # kafka.sasl.password: a PLAINTEXT client ignores it
 
     def __init__(self, every: float = 0.2, records: int = 2, limit: int = 3_000) -> None:
         self.every, self.records, self.limit = every, records, limit
@@ -310,6 +313,7 @@ class KafkaWorkload(Workload):
             "--option=discoveryInterval=500ms",
             "--option=failOnDataLoss=false",
             f"--option=stateDir={self.state}",
+            f"--option=kafka.sasl.password={self.secret}",
         ]
 
     def inject(self, kind: str, rnd: random.Random) -> str:
@@ -369,6 +373,7 @@ class CdcWorkload(Workload):
 
     name = "cdc"
     kinds = ("db-restart",)
+    secret = "s3cret-pw"  # the test server's password, in conninfo
     final_runs = 2  # a run that starts during the snapshot reads the log in the next one
     table = "fx_orders"
 
