@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from splitflow.connectors.files import (
 )
 from splitflow.connectors.files.formats import FileEntry, glob_regex
 from splitflow.connectors.files.source import FilesEnumerator, FilesStateCodec, cut
-from splitflow.errors import ConfigurationError, DataLossError
+from splitflow.errors import ConfigurationError, ConnectorError, DataLossError
 from splitflow.reader import Collector, RecordingReaderContext
 from splitflow.testing import SourceHarness
 from splitflow.testing.contracts import SourceContract, SourceReaderContract
@@ -466,3 +467,35 @@ def test_an_archive_dir_inside_the_source_is_refused(tmp_path: Path) -> None:
         FilesSource(
             str(tmp_path), "json", SCHEMA, clean_source="archive", archive_dir=str(tmp_path / "x")
         )
+
+
+def test_a_directory_that_vanishes_fails_discovery_naming_the_path(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write(folder, "a.json", rows_of("a", 3), "json")
+    en = enumerator(folder)
+    assert len(en.discover_splits()) == 1
+    shutil.rmtree(folder)
+    with pytest.raises(ConnectorError) as error:
+        en.discover_splits()
+    assert f"option path: the directory {folder} is gone" in str(error.value)
+    assert "failOnDataLoss=false" in str(error.value)
+
+
+def test_without_fail_on_data_loss_a_vanished_directory_is_waited_for_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    en = enumerator(folder, fail_on_data_loss=False)
+    folder.rmdir()
+    with caplog.at_level(logging.WARNING, logger="splitflow"):
+        assert en.discover_splits() == []
+        assert en.discover_splits() == []
+    assert [r.getMessage() for r in caplog.records].count(
+        f"splitflow: option path: the directory {folder} is gone (it was there when the query "
+        "started); waiting for it (failOnDataLoss=false)"
+    ) == 1
+    folder.mkdir()
+    write(folder, "b.json", rows_of("b", 2), "json")
+    assert len(en.discover_splits()) == 1

@@ -346,3 +346,20 @@ def test_the_files_source_takes_a_byte_budget_under_either_name(tmp_path: Path) 
     for name in ("maxBytesPerBatch", "maxBytesPerTrigger"):
         ds = FilesDataSource(spark_options(path=str(tmp_path), **{name: "1k"}))
         assert ds.runtime.max_bytes_per_batch == 1024
+
+
+def test_a_files_source_is_checked_for_its_directory_at_load_only(tmp_path: Path) -> None:
+    """At load() a missing directory is a bad option; once loaded, a directory that goes is
+    data loss, for the enumerator to report under failOnDataLoss: a task's source (made
+    in an executor from the loaded options) must still build."""
+    import shutil
+
+    from splitflow.spark.files import FilesDataSource
+
+    folder = tmp_path / "in"
+    with pytest.raises(ConfigurationError, match="option path: no directory at"):
+        FilesDataSource(spark_options(path=str(folder), format="json"))
+    folder.mkdir()
+    loaded = FilesDataSource(spark_options(path=str(folder), format="json"))
+    shutil.rmtree(folder)
+    assert loaded.create_source().path == str(folder)

@@ -22,7 +22,6 @@ import json
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
@@ -72,7 +71,9 @@ class FilesDataSource(SplitflowDataSource):
         for alias, name in (("maxbytespertrigger", "maxbytesperbatch"),):
             if alias in options and name not in options:
                 options[name] = options[alias]  # Spark's file source name for the option
+        self._loaded = False
         super().__init__(options)
+        self._loaded = True
 
     def schema(self) -> str | StructType:  # type: ignore[override]
         given = self.options.get("schema")
@@ -172,8 +173,8 @@ class FilesDataSource(SplitflowDataSource):
             csv=csv,
             event_time_column=self.runtime.event_time_column,
         )
-        fs, base = source.filesystem()
-        if fs.get_file_info(base).type != pafs.FileType.Directory:
+        if not self._loaded and not source.directory_exists():  # checked at load() only:
+            # a directory that goes later is data loss, the enumerator's to report
             raise ConfigurationError(f"option path: no directory at {path!r}", option="path")
         if not fmt:
             source.format = default_format(path, source.pattern, source.list_files())

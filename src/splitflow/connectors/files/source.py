@@ -61,7 +61,7 @@ from splitflow.connectors.files.reader import (
     FileSplitReader,
     file_lost,
 )
-from splitflow.errors import ConfigurationError, ContractViolation
+from splitflow.errors import ConfigurationError, ConnectorError, ContractViolation
 from splitflow.reader import SourceReaderBase
 
 log = logging.getLogger("splitflow.connectors.files")
@@ -215,6 +215,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         self._to_clean: dict[str, int | None] = {}  # path -> checkpoint recording it finished
         self._parts: dict[str, int] = {}  # path -> parts, for files seen in this run
         self._path_of: dict[str, str] = {}  # split id -> path, for splits seen in this run
+        self._directory_gone = False  # the last discovery found no directory (warned)
         # path -> ((size, mtime_ns) read, its event-time index): footers read once per file
         self._times: dict[str, tuple[tuple[int, int], RowGroupTimes | None]] = {}
         context.metrics.gauge("quarantinedRanges", lambda: len(self._quarantine))
@@ -223,11 +224,25 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
     # -- discovery (worker thread) ----------------------------------------------------------
 
     def discover_splits(self) -> Sequence[FileSplit]:
-        return [
-            split
-            for entry in self._source.list_files()
-            for split in cut(entry, self._source.split_bytes)
-        ]
+        """The files' splits; a directory that is gone is data loss (its unread files are):
+        it fails discovery naming option path, or with ``failOnDataLoss=false`` is waited
+        for with a warning (each file then vanishes under its own policy)."""
+        entries = self._source.list_files()
+        if not entries and not self._source.directory_exists():
+            message = (
+                f"option path: the directory {self._source.path} is gone (it was there when "
+                "the query started)"
+            )
+            if self._source.fail_on_data_loss:
+                raise ConnectorError(
+                    f"{message}: restore it, or set failOnDataLoss=false to wait for it"
+                )
+            if not self._directory_gone:
+                log.warning("splitflow: %s; waiting for it (failOnDataLoss=false)", message)
+            self._directory_gone = True
+            return []
+        self._directory_gone = False
+        return [split for entry in entries for split in cut(entry, self._source.split_bytes)]
 
     def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
         """Remembered: ``latest_positions`` decides whether unread bytes were lost."""
@@ -534,6 +549,10 @@ class FilesSource(
     def list_files(self) -> list[FileEntry]:
         fs, base = self.filesystem()
         return list_files(fs, base, glob_regex(self.pattern) if self.pattern else None)
+
+    def directory_exists(self) -> bool:
+        fs, base = self.filesystem()
+        return bool(fs.get_file_info(base).type == pafs.FileType.Directory)
 
     def infer_schema(self) -> pa.Schema:
         """The schema of the first file (in path order); ConfigurationError if there is none."""
