@@ -46,6 +46,16 @@ def test_a_fault_schedule_loses_and_repeats_no_record(name: str, seed: int, tmp_
     check(run_schedule(draw(seed, name, fault_kinds(source)), source, tmp_path))
 
 
+def test_the_schedule_that_found_the_rescale_bug(tmp_path: Path) -> None:
+    """Files seed 2 drawn without disk faults, as when it failed: run 3 restarted 3 slots
+    as 1, applied reader events of a slot gone and failed ('reader 1 is not registered'),
+    see ``tests/spark/test_events.py``, the test of events of a slot a rescale removed."""
+    source = workload("files", 2)
+    schedule = draw(2, "files", source.kinds)
+    assert [run.parallelism for run in schedule.runs] == [2, 3, 1]
+    check(run_schedule(schedule, source, tmp_path))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     with standalone_cluster(root=tmp_path_factory.mktemp("cluster")) as running:
