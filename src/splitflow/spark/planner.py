@@ -22,7 +22,6 @@ import heapq
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic
@@ -326,7 +325,6 @@ class Planner(Generic[SplitT, EnumStateT]):
         self.backlog_lag_threshold = backlog_lag_threshold
         self._events = EventStore(state_dir) if state_dir else None
         self._owner = Owner(state_dir) if state_dir else None
-        self._token: str | None = None  # the state directory's owner token
         codec = source.enumerator_state_codec
         self._ledgers: LedgerCodec[EnumStateT] | None = (
             codec if isinstance(codec, LedgerCodec) else None
@@ -362,9 +360,8 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _start(self, restore_from: BatchOffset[SplitT, EnumStateT] | None) -> None:
         self.close()
-        if self._owner is not None:  # an offset of an older splitflow has no token: a new one
-            self._token = (restore_from.owner if restore_from else None) or uuid.uuid4().hex
-            self._owner.claim(self._token, restored=restore_from is not None)
+        if self._owner is not None:
+            self._owner.begin(restore_from.owner if restore_from else None)
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
@@ -504,8 +501,8 @@ class Planner(Generic[SplitT, EnumStateT]):
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
         self._ensure(start)
-        if self._owner is not None and self._token is not None:
-            self._owner.check(self._token)
+        if self._owner is not None:
+            self._owner.check()
         self._apply_reader_events(int(start["seq"]))
         self._pump()
         if self._fix_target:
@@ -560,8 +557,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = int(end["seq"])
         if self._coordinator is not None and seq > 0:
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
-        if self._owner is not None and self._token is not None and seq > 0:
-            self._owner.confirm(self._token)
+        if self._owner is not None and seq > 0:
+            self._owner.confirm()
         if self._events is not None:
             self._events.discard_through(int(end.get("events_through", 0)))
         if self._ledger is not None and "ledger" in end:
@@ -966,7 +963,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             {slot: tuple(events) for slot, events in to_readers.items()},
             ledger,
             dict(self._event_times),
-            self._token,
+            self._owner.token if self._owner else None,
         )
         self._unrecorded_finish = False
         return self._last

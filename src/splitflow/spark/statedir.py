@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import uuid
 from typing import Any
 
 from splitflow.errors import CheckpointStateError, ConfigurationError
@@ -40,19 +41,60 @@ def write_atomically(target: str, content: bytes) -> None:
 
 class Owner:
     """Which query a state directory belongs to: ``<stateDir>/owner.json`` holds a token the
-    query's planner drew when it started afresh, and every offset carries it.
+    query drew when it started afresh, and every offset carries it.
 
-    A query that starts afresh finds the directory free (no owner, or an owner that never
-    committed a batch: its first start died before Spark recorded any offset) or refuses it;
-    a query restored from an offset finds its own token or refuses; and every planning call
-    checks the token is still its own, so two queries given one directory fail, the second
-    at once, instead of reading each other's events and deleting each other's files.
+    The planner calls :meth:`begin` with the token of the offset it restores from (none on a
+    fresh start) and :meth:`check` before planning each batch: the first check takes
+    the directory, the later ones make sure it is still the query's. Taking it fails when the
+    owner is another query that committed a batch, or, for a query restored from an offset
+    with a token, any other query: two queries given one directory fail, the second at
+    once, instead of reading each other's events and deleting each other's files.
+
+    Nothing is written before the first batch is planned (Spark asks for the initial
+    offset again when it replays batch 0 after a crash), and an owner that never
+    committed a batch does not hold the directory (its first start died before Spark
+    recorded an offset, or it is a query of a splitflow without tokens being restored).
     """
 
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, "owner.json")
+        self.token = ""
+        self._strict = False  # restored from an offset that carries the token
+        self._taken = False
         self._committed = False
+
+    def begin(self, token: str | None) -> str:
+        """Start a run with the token of the offset restored from (None: a fresh start, or
+        an offset without one): the token this run carries in its offsets."""
+        self.token = token or uuid.uuid4().hex
+        self._strict = token is not None
+        self._taken = self._committed = False
+        return self.token
+
+    def check(self) -> None:
+        """Before planning a batch: take the directory, or make sure it is still ours."""
+        found = self._read()
+        mine = found is not None and found.get("token") == self.token
+        if self._taken:
+            if not mine:
+                raise self._refuse("was taken by another query while this one ran")
+            return
+        if found is not None and not mine:
+            if self._strict:
+                raise self._refuse("belongs to another query than this checkpoint's")
+            if found.get("committed"):
+                raise self._refuse("is in use by another query, or was")
+        self._committed = bool(mine and found and found.get("committed"))
+        self._write()
+        self._taken = True
+
+    def confirm(self) -> None:
+        """A batch of the query committed: from now on the directory is its own for good."""
+        if self._taken and not self._committed:
+            self.check()
+            self._committed = True
+            self._write()
 
     def _read(self) -> dict[str, Any] | None:
         try:
@@ -74,29 +116,6 @@ class Owner:
             option="stateDir",
         )
 
-    def claim(self, token: str, *, restored: bool) -> None:
-        """Take the directory for the query whose offsets carry ``token``."""
-        found = self._read()
-        if found is not None and found.get("token") != token:
-            if restored:
-                raise self._refuse("belongs to another query than this checkpoint's")
-            if found.get("committed"):
-                raise self._refuse("is in use by another query, or was")
-        self._committed = bool(found and found.get("token") == token and found.get("committed"))
-        self._write(token)
-
-    def check(self, token: str) -> None:
-        """Refuse to go on once another query took the directory."""
-        found = self._read()
-        if found is None or found.get("token") != token:
-            raise self._refuse("was taken by another query while this one ran")
-
-    def confirm(self, token: str) -> None:
-        """A batch of the query committed: from now on the directory is its for good."""
-        if not self._committed:
-            self._committed = True
-            self._write(token)
-
-    def _write(self, token: str) -> None:
-        content = {"token": token, "committed": self._committed}
+    def _write(self) -> None:
+        content = {"token": self.token, "committed": self._committed}
         write_atomically(self.path, json.dumps(content).encode())
