@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.faults
 
-from tests.faults.harness import fault_kinds, run_schedule
+from tests.faults.harness import extra_kinds, run_schedule
 from tests.faults.schedule import draw
 from tests.faults.workloads import WORKLOADS, workload
 from tests.spark.cluster import standalone_cluster
@@ -73,7 +73,7 @@ def run_all(
         began = time.monotonic()
         for seed in range(args.seed, args.seed + count):
             source = workload(name, seed)
-            schedule = draw(seed, name, fault_kinds(source, cluster=bool(spark)))
+            schedule = draw(seed, name, source.kinds, extra_kinds(cluster=bool(spark)))
             outcome = run_schedule(schedule, source, root / f"{name}-{seed}", **spark)
             print(outcome.line(), flush=True)
             if args.verbose or not outcome.ok:

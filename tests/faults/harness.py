@@ -15,6 +15,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -32,14 +33,10 @@ DISK_KINDS = ("disk-full", "disk-read-only")
 """Faults of the disk that holds the checkpoint and the state directory."""
 
 
-def fault_kinds(workload: Workload, cluster: bool = False) -> tuple[str, ...]:
-    """The faults a schedule of ``workload`` may draw besides ``worker-kill``: its own, the
-    disk's where this process may mount one, and ``executor-kill`` on a cluster."""
-    return (
-        *workload.kinds,
-        *(DISK_KINDS if disk.available() else ()),
-        *(("executor-kill",) if cluster else ()),
-    )
+def extra_kinds(cluster: bool = False) -> tuple[str, ...]:
+    """The faults this machine adds to every workload's: the disk's where this process may
+    mount one, and ``executor-kill`` on a cluster (see :func:`~tests.faults.schedule.draw`)."""
+    return (*(DISK_KINDS if disk.available() else ()), *(("executor-kill",) if cluster else ()))
 
 
 @dataclass
@@ -96,50 +93,54 @@ def run_schedule(
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     rnd = random.Random(f"{schedule.workload}:{schedule.seed}:inject")
-    drive = disk.Disk(workdir / "disk") if set(DISK_KINDS) & set(schedule.kinds()) else None
-    where = drive.path if drive else workdir
     out, log = workdir / "out", workdir / "jobs.log"
-    checkpoint, state = where / "checkpoint", where / "state"
     applied: Counter[str] = Counter()
     notes: list[str] = []
 
-    def job(parallelism: int, trigger: str) -> Job:
-        return Job(
-            [
-                *workload.job_args(),
-                f"--out={out}",
-                f"--checkpoint={checkpoint}",
-                f"--parallelism={parallelism}",
-                f"--trigger={trigger}",
-                f"--master={master}",
-                "--timeout=600",
-            ],
-            log,
-        )
+    def outcome(count: Count, error: str | None = None, leaks: Sequence[str] = ()) -> Outcome:
+        seconds = time.monotonic() - began
+        return Outcome(schedule, count, applied, notes, seconds, error, list(leaks))
 
-    workload.start(workdir / "data", state)
-    try:
-        roots = (0, *executors)  # 0: each run's driver
-        _runs(schedule, workload, job, checkpoint, rnd, applied, notes, roots, drive)
-        workload.stop()
-        for _ in range(workload.final_runs):
-            final = job(schedule.final_parallelism, "availableNow")
-            try:
+    with contextlib.ExitStack() as stack:
+        drive = None
+        if set(DISK_KINDS) & set(schedule.kinds()):
+            drive = stack.enter_context(disk.Disk(workdir / "disk"))
+        where = drive.path if drive else workdir
+        checkpoint, state = where / "checkpoint", where / "state"
+
+        def job(parallelism: int, trigger: str) -> Job:
+            driver = Job(
+                [
+                    *workload.job_args(),
+                    f"--out={out}",
+                    f"--checkpoint={checkpoint}",
+                    f"--parallelism={parallelism}",
+                    f"--trigger={trigger}",
+                    f"--master={master}",
+                    "--timeout=600",
+                ],
+                log,
+            )
+            stack.callback(driver.close)
+            return driver
+
+        try:
+            stack.callback(workload.close)
+            workload.start(workdir / "data", state)
+            roots = (0, *executors)  # 0: each run's driver
+            _runs(schedule, workload, job, checkpoint, rnd, applied, notes, roots, drive)
+            workload.stop()
+            for _ in range(workload.final_runs):
+                final = job(schedule.final_parallelism, "availableNow")
                 code = final.finish(600)
-            finally:
                 final.close()
-            if code != 0 or "TERMINATED" not in final.lines:
-                raise AssertionError(f"the final run failed ({code}): {final.lines[-3:]}")
-        count = workload.recount(out)
-        leaks = _leaks(workload.secret, [checkpoint, state, out], log)
-    except AssertionError as failure:
-        error = str(failure).replace("\n", " | ")[:2000]
-        return Outcome(schedule, Count(0, 0, 0), applied, notes, time.monotonic() - began, error)
-    finally:
-        workload.close()
-        if drive is not None:
-            drive.close()
-    return Outcome(schedule, count, applied, notes, time.monotonic() - began, None, leaks)
+                if code != 0 or "TERMINATED" not in final.lines:
+                    raise AssertionError(f"the final run failed ({code}): {final.lines[-3:]}")
+            count = workload.recount(out)
+            leaks = _leaks(workload.secret, [checkpoint, state, out], log)
+        except (AssertionError, subprocess.TimeoutExpired) as failure:
+            return outcome(Count(0, 0, 0), str(failure).replace("\n", " | ")[:2000])
+    return outcome(count, None, leaks)
 
 
 def _leaks(secret: str | None, folders: Sequence[Path], log: Path) -> list[str]:
@@ -191,8 +192,9 @@ def _runs(
                 notes.append(f"run {number}: {done}")
                 if ": not applied: " not in done:
                     applied[step.kind] += 1
-            if _end(run.end, first, driver, checkpoint):
-                applied[run.end.kind] += 1
+            ended = _end(run.end, first, driver, checkpoint)
+            if ended is not None:
+                applied[ended] += 1
             else:
                 last = driver.lines[-1] if driver.lines else ""
                 notes.append(f"run {number} ended by itself: {last[:300]}")
@@ -210,8 +212,9 @@ def _in_flight(checkpoint: Path) -> int | None:
     return min(pending, default=None)
 
 
-def _end(end: Step, first: float, driver: Job, checkpoint: Path) -> bool:
-    """End the run by its fault; False when the driver had already exited."""
+def _end(end: Step, first: float, driver: Job, checkpoint: Path) -> str | None:
+    """End the run by its fault; the kind applied (``driver-kill-in-flight`` only when a
+    batch was in flight, else ``driver-kill``), or None when the driver had exited."""
     _sleep_until(first + end.at)
     if end.kind == "driver-kill-in-flight":
         with contextlib.suppress(AssertionError):  # none for a minute: killed at any moment
@@ -222,9 +225,10 @@ def _end(end: Step, first: float, driver: Job, checkpoint: Path) -> bool:
                 step=0.01,
             )
     if driver.process.poll() is not None:
-        return False
+        return None
+    in_flight = _in_flight(checkpoint) is not None
     driver.kill()
-    return True
+    return "driver-kill-in-flight" if in_flight and end.kind != "driver-kill" else "driver-kill"
 
 
 def _apply(
@@ -239,28 +243,48 @@ def _apply(
         seconds = round(rnd.uniform(2, 4), 1)
         return drive.full_for(seconds) if step.kind == "disk-full" else drive.read_only_for(seconds)
     if step.kind == "worker-kill":
-        return _kill(step.kind, python_workers(roots), checkpoint, rnd)
+        return _kill(step.kind, python_workers(roots), checkpoint, rnd, busy=True)
     if step.kind == "executor-kill":
         return _kill(step.kind, executors_under(roots), checkpoint, rnd)
     return workload.inject(step.kind, rnd)
 
 
 def _kill(
-    kind: str, candidates: Callable[[], list[int]], checkpoint: Path, rnd: random.Random
+    kind: str,
+    candidates: Callable[[], list[int]],
+    checkpoint: Path,
+    rnd: random.Random,
+    *,
+    busy: bool = False,
 ) -> str:
     """SIGKILL one of ``candidates()``, once a batch is in flight if one comes within 10 s
-    (Spark retries the tasks that ran in it)."""
+    (Spark retries the tasks that ran in it); with ``busy``, one that used CPU in the
+    last 0.2 s (a Python worker between tasks sleeps: killing it fails no task)."""
     with contextlib.suppress(AssertionError):
         wait_until("a batch in flight", lambda: _in_flight(checkpoint) is not None, 10, step=0.01)
     victims = candidates()
+    if busy:
+        before = {pid: _cpu_ticks(pid) for pid in victims}
+        time.sleep(0.2)
+        victims = [pid for pid in victims if _cpu_ticks(pid) > before[pid]]
     if not victims:
-        return f"{kind}: not applied: none alive"
+        return f"{kind}: not applied: none {'busy' if busy else 'alive'}"
     victim = rnd.choice(sorted(victims))
     try:
         os.kill(victim, signal.SIGKILL)
     except ProcessLookupError:
         return f"{kind}: not applied: {victim} had exited"
     return f"{kind}: killed {victim} (batch in flight: {_in_flight(checkpoint)})"
+
+
+def _cpu_ticks(pid: int) -> int:
+    """CPU time process ``pid`` used so far (user + system, in clock ticks); -1 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+    except OSError:
+        return -1
+    return int(fields[11]) + int(fields[12])
 
 
 def _processes() -> dict[int, tuple[int, bytes]]:

@@ -72,18 +72,24 @@ class Schedule:
         return f"{self.workload} seed {self.seed}: {runs} | final p={self.final_parallelism}"
 
 
-def draw(seed: int, workload: str, kinds: Sequence[str]) -> Schedule:
+def draw(seed: int, workload: str, kinds: Sequence[str], extra: Sequence[str] = ()) -> Schedule:
     """The schedule of ``seed`` for ``workload``, whose own fault kinds are ``kinds``.
 
     Each run has up to two faults during it (``worker-kill`` or one of ``kinds``), at most
-    4 s after its first batch, and ends within 4 s after its last fault.
+    4 s after its first batch, and ends within 4 s after its last fault. ``extra``: kinds
+    that depend on the machine (a disk to mount, a cluster's executors), drawn from a
+    stream of their own, so that the rest of a seed's schedule is the same with or without
+    them: one of them, at a time before the run's end, in about half of the runs.
     """
     rnd = random.Random(f"{workload}:{seed}")
+    more = random.Random(f"{workload}:{seed}:extra")
     during = (*COMMON, *kinds)
     runs = []
     for _ in range(rnd.randint(2, 3)):
         times = sorted(round(rnd.uniform(0, 4), 1) for _ in range(rnd.randint(0, 2)))
-        steps = tuple(Step(at, rnd.choice(during)) for at in times)
+        steps = [Step(at, rnd.choice(during)) for at in times]
         end = Step(round((times[-1] if times else 0) + rnd.uniform(0.5, 4), 1), rnd.choice(ENDS))
-        runs.append(Run(rnd.randint(1, 3), steps, end))
+        if extra and more.random() < 0.5:
+            steps.append(Step(round(more.uniform(0, end.at), 1), more.choice(extra)))
+        runs.append(Run(rnd.randint(1, 3), tuple(sorted(steps, key=lambda s: s.at)), end))
     return Schedule(seed, workload, tuple(runs), rnd.randint(1, 3))
