@@ -31,6 +31,8 @@ MASTER = "local[2,4]"
 """Two cores, and up to four attempts of a task (a killed Python worker fails only one)."""
 DISK_KINDS = ("disk-full", "disk-read-only")
 """Faults of the disk that holds the checkpoint and the state directory."""
+KILLS = ("worker-kill", "executor-kill")
+"""Faults of a running query's processes (not applied once the query stopped)."""
 
 
 def extra_kinds(cluster: bool = False) -> tuple[str, ...]:
@@ -185,10 +187,11 @@ def _runs(
             first = time.monotonic()
             for step in run.steps:
                 _sleep_until(first + step.at)
-                if driver.process.poll() is not None:
-                    break
-                where = [root or driver.process.pid for root in roots]
-                done = _apply(step, workload, where, checkpoint, rnd, drive)
+                if driver.process.poll() is not None and step.kind in KILLS:
+                    done = f"{step.kind}: not applied: the query had stopped"
+                else:  # the source's and the disk's faults hit a stopped query too
+                    where = [root or driver.process.pid for root in roots]
+                    done = _apply(step, workload, where, checkpoint, rnd, drive)
                 notes.append(f"run {number}: {done}")
                 if ": not applied: " not in done:
                     applied[step.kind] += 1

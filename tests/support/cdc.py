@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,6 @@ class Writer(threading.Thread):
         self.stopped = threading.Event()
         self.changes = 0
         """Changes of committed transactions."""
-        self.inserted: list[int] = []
-        """Keys inserted by committed transactions."""
         self.reconnects = 0
 
     def run(self) -> None:
@@ -51,7 +49,7 @@ class Writer(threading.Thread):
 
     def _write(self, conn: Any, rng: random.Random) -> None:
         while not self.stopped.wait(0.01):
-            changes, inserted = 0, []
+            changes = 0
             with conn.transaction():
                 for _ in range(rng.randint(1, 3)):
                     action, key = rng.random(), rng.randint(1, self.next_id)
@@ -59,7 +57,6 @@ class Writer(threading.Thread):
                         conn.execute(
                             f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
                         )
-                        inserted.append(self.next_id)
                         self.next_id += 1
                     elif action < 0.85:
                         conn.execute(
@@ -71,7 +68,6 @@ class Writer(threading.Thread):
                         conn.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
                     changes += 1
             self.changes += changes  # the transaction committed
-            self.inserted += inserted
 
     def stop(self) -> None:
         self.stopped.set()
@@ -115,15 +111,14 @@ class Replay:
     keys: int = 0
 
 
-def replay(
-    rows: list[dict[str, Any]],
-    table: Mapping[int, tuple[int, str]],
-    inserted: Iterable[int] = (),
-) -> Replay:
-    """Replay ``rows`` (in batch order) against ``table`` (id -> (version, payload)) and
-    the keys ``inserted`` since the snapshot: each must be seen (a key inserted and deleted
-    again leaves no row in the table). A delete that carries the old row's version (the
-    table's replica identity is FULL) must follow that version."""
+def replay(rows: list[dict[str, Any]], table: Mapping[int, tuple[int, str]]) -> Replay:
+    """Replay ``rows`` (in batch order) against ``table`` (id -> (version, payload)). A
+    delete that carries the old row's version (the table's replica identity is FULL) must
+    follow that version.
+
+    A key inserted and deleted again is not looked for: when both changes precede the
+    snapshot of the key's chunk, the source rightly emits nothing of it.
+    """
     result = Replay()
     seen: set[tuple[Any, ...]] = set()
     state: dict[int, tuple[int, str]] = {}
@@ -163,10 +158,6 @@ def replay(
                 result.lost.append(f"key {key}: version {state[key][0]}, then deleted at {version}")
             state.pop(key, None)
             deleted.add(key)
-    seen_keys = {row["id"] for row in rows}
-    for key in inserted:
-        if key not in seen_keys:
-            result.lost.append(f"key {key}: inserted, never in the sink")
     for key in sorted(k for k in state.keys() | table.keys() if state.get(k) != table.get(k)):
         result.lost.append(
             f"key {key}: the sink ends at {state.get(key)}, the table at {table.get(key)}"
