@@ -77,8 +77,8 @@ class CheckpointDeclinedError(SplitflowError):
 class IncompatibleCheckpointError(SplitflowError):
     """A checkpoint or encoded value was written in a form this version cannot read."""
 
-    def __init__(self, what: str, *, found: object, expected: object) -> None:
-        super().__init__(f"{what}: found version {found!r}, this splitflow reads {expected!r}")
+    def __init__(self, what: str, *, found: object, expected: object, of: str = "version") -> None:
+        super().__init__(f"{what}: found {of} {found!r}, this splitflow reads {expected!r}")
         self.found = found
         self.expected = expected
 

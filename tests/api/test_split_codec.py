@@ -126,6 +126,26 @@ def test_dataclass_codec_refuses_another_version(written: int, reads: int) -> No
     )
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        {"path": "/data/a", "position": 3, "size": 9},  # a field since removed
+        {"position": 3},  # a field since added without a default
+    ],
+)
+def test_dataclass_codec_refuses_fields_changed_without_a_new_version(written: dict) -> None:
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        DataclassCodec(FileSplit).decode(written, version=1)
+    assert str(info.value) == (
+        f"FileSplit codec version 1: found fields {sorted(written)}, "
+        "this splitflow reads ['end', 'path', 'position', 'ranges', 'tags']"
+    )
+
+
+def test_dataclass_codec_reads_a_checkpoint_from_before_a_field_with_a_default() -> None:
+    assert DataclassCodec(FileSplit).decode({"path": "/data/b", "position": 3}, 1) == B
+
+
 def test_dataclass_codec_needs_a_dataclass() -> None:
     class NotADataclass:
         pass

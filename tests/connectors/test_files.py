@@ -265,6 +265,74 @@ def test_a_truncated_parquet_file_is_a_bad_file(tmp_path: Path) -> None:
         read_all(FilesSource(str(tmp_path), "parquet", SCHEMA))
 
 
+def as_another_user(check: Any) -> str:
+    """``check()`` in a forked child that, under root, runs as nobody (root reads every
+    file, so permission denied cannot happen to it); what it printed, or its error."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        os.close(rd)
+        try:
+            if os.getuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            result = repr(check())
+        except Exception as error:
+            result = f"{type(error).__name__}: {error}"
+        os.write(wr, result.encode())
+        os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd, "rb") as pipe:
+        result = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return result
+
+
+@pytest.fixture
+def open_dir() -> Any:
+    """A directory every user may enter (pytest's tmp_path is root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="splitflow-perm-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@pytest.mark.timeout(60)  # a child that hangs (a lock forked while held) fails, not waits
+@pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
+def test_a_file_that_cannot_be_read_is_a_bad_file_and_quarantine_skips_it(
+    open_dir: Path, fmt: str
+) -> None:
+    write(open_dir, f"a.{fmt}", rows_of("a", 5), fmt)
+    write(open_dir, f"b.{fmt}", rows_of("b", 5), fmt).chmod(0)
+    failing = FilesSource(str(open_dir), fmt, SCHEMA)
+    assert as_another_user(lambda: read_all(failing)) == (
+        f"BadFileError: {open_dir}/b.{fmt}: cannot open: [Errno 13] Failed to open local file "
+        f"'{open_dir}/b.{fmt}'. Detail: [errno 13] Permission denied"
+    )
+    skipping = FilesSource(str(open_dir), fmt, SCHEMA, bad_files="quarantine")
+
+    def read_and_quarantine() -> tuple[list[Any], list[tuple[str, int]]]:
+        rows, context = read_all(skipping)
+        events = [e for e in context.events if isinstance(e, FileQuarantinedEvent)]
+        return sorted(rows), [(e.path, e.position) for e in events]
+
+    expected = sorted((r["file"], r["n"], r["text"]) for r in rows_of("a", 5))
+    assert as_another_user(read_and_quarantine) == repr((expected, [(f"{open_dir}/b.{fmt}", 0)]))
+
+
+@pytest.mark.timeout(60)
+def test_a_directory_that_cannot_be_listed_fails_discovery_naming_the_path(
+    open_dir: Path,
+) -> None:
+    closed = open_dir / "in"
+    write(closed, "a.json", rows_of("a", 3), "json")
+    closed.chmod(0)
+    assert as_another_user(lambda: enumerator(closed).discover_splits()) == (
+        f"ConnectorError: option path: cannot list the files under {closed}: [Errno 13] "
+        f"Cannot list directory '{closed}'. Detail: [errno 13] Permission denied"
+    )
+
+
 def test_a_file_that_changed_after_discovery_is_a_bad_file(tmp_path: Path) -> None:
     path = write(tmp_path, "a.json", rows_of("a", 20), "json")
     source = FilesSource(str(tmp_path), "json", SCHEMA)

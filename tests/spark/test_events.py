@@ -88,6 +88,22 @@ def test_a_state_directory_that_cannot_be_written_fails_naming_the_file(tmp_path
         LedgerStore(str(state)).write(1, frozenset({"a"}))
 
 
+def test_reader_events_that_cannot_be_read_back_fail_naming_the_file(tmp_path: Path) -> None:
+    """Events written by another version (a class since renamed) or altered on disk."""
+    from splitflow.errors import CheckpointStateError
+
+    store = EventStore(str(tmp_path))
+    store.write(5, 0, slot=0, events=[Ping(1)])
+    written = tmp_path / "events" / "5" / "000000"
+    written.write_bytes(written.read_bytes().replace(b"Ping", b"Pong"))
+    with pytest.raises(CheckpointStateError) as error:
+        store.read(5)
+    assert error.value.path == str(written)
+    assert f"option stateDir: cannot read the reader events in {written} (AttributeError" in str(
+        error.value
+    )
+
+
 def test_reader_events_reach_the_enumerator_once_per_completed_batch(tmp_path: Path) -> None:
     _, source, planner = setup(tmp_path)
     start = roundtrip(planner.initial_offset())

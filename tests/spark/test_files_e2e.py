@@ -253,22 +253,35 @@ def last_offset(checkpoint: Path) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
+def write_corrupt(src: Path) -> int:
+    """bad.json: five good lines, then a broken one; the broken line's byte."""
+    good = "".join(json.dumps(r) + "\n" for r in rows_of("bad.json", 5)).encode()
+    (src / ".bad").write_bytes(good + b'{"file": "bad.json", "n": broken\n')
+    os.replace(src / ".bad", src / "bad.json")
+    return len(good)
+
+
 def corrupt_dir(tmp_path: Path) -> tuple[Path, int]:
     src = tmp_path / "src"
     src.mkdir()
     write_json(src, "good.json", rows_of("good.json"))
-    good = "".join(json.dumps(r) + "\n" for r in rows_of("bad.json", 5)).encode()
-    (src / ".bad").write_bytes(good + b'{"file": "bad.json", "n": broken\n')
-    os.replace(src / ".bad", src / "bad.json")
-    return src, len(good)
+    return src, write_corrupt(src)
 
 
 @pytest.mark.slow
 def test_a_corrupt_file_fails_the_query_naming_file_and_byte(tmp_path: Path, spark: Any) -> None:
-    src, bad_at = corrupt_dir(tmp_path)
-    message = wait_failed(stream(spark, src, tmp_path, format="json"))
+    """... and what the query committed before stays in the sink, once."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_json(src, "good.json", rows_of("good.json"))
+    query = stream(spark, src, tmp_path, format="json")
+    out, committed = tmp_path / "out", expected_rows(["good.json"])
+    wait_until("the good rows", lambda: len(sink_rows(spark, out)) >= len(committed), 90, step=0.5)
+    bad_at = write_corrupt(src)
+    message = wait_failed(query)
     assert "bad.json" in message
     assert f"byte {bad_at}" in message
+    assert sink_rows(spark, out) == committed
 
 
 @pytest.mark.slow

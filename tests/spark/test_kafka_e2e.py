@@ -203,6 +203,7 @@ def test_a_deleted_topic_fails_the_query_by_default(
     assert "DataLossError" in message, message
     assert f"{doomed}-0" in message, message
     assert "failOnDataLoss=false" in message
+    assert sink(spark, tmp_path / "out") == topics.expected()  # what was committed stays, once
 
 
 def test_a_partition_added_while_running_is_read_from_its_start(

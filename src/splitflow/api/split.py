@@ -158,7 +158,11 @@ class DataclassCodec(Codec[T]):
         if not dataclasses.is_dataclass(cls):
             raise ContractViolation(f"DataclassCodec needs a dataclass, got {cls!r}")
         self._cls = cls
-        self._fields = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        self._fields = tuple(f.name for f in fields)
+        self._required = frozenset(
+            f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING
+        )
         self.version = version
 
     def encode(self, value: T) -> JsonDict:
@@ -168,6 +172,14 @@ class DataclassCodec(Codec[T]):
         if version != self.version:
             raise IncompatibleCheckpointError(
                 f"{self._cls.__name__} codec", found=version, expected=self.version
+            )
+        if not self._required <= data.keys() <= set(self._fields):
+            # the dataclass changed without a new codec version
+            raise IncompatibleCheckpointError(
+                f"{self._cls.__name__} codec version {version}",
+                found=sorted(data),
+                expected=sorted(self._fields),
+                of="fields",
             )
         return self._cls(**{k: _from_json(v) for k, v in data.items()})
 

@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Sequence
 
 from splitflow.api.events import SourceEvent
+from splitflow.errors import CheckpointStateError
 from splitflow.spark.statedir import write_atomically
 
 
@@ -57,8 +58,17 @@ class EventStore:
             return []
         result: list[tuple[int, SourceEvent]] = []
         for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
-            with open(os.path.join(directory, name), "rb") as f:
-                slot, events = pickle.load(f)
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                try:
+                    slot, events = pickle.load(f)
+                except Exception as e:  # a class since changed, or the file altered
+                    raise CheckpointStateError(
+                        f"option stateDir: cannot read the reader events in {path} "
+                        f"({type(e).__name__}: {e}); were they written by another version "
+                        "of splitflow or of the connector?",
+                        path=path,
+                    ) from e
             result.extend((slot, event) for event in events)
         return result
 

@@ -547,8 +547,15 @@ class FilesSource(
         return resolve(self.path)
 
     def list_files(self) -> list[FileEntry]:
+        """The files to read; ConnectorError naming option path if they cannot be listed
+        (permission denied, an unreachable file system)."""
         fs, base = self.filesystem()
-        return list_files(fs, base, glob_regex(self.pattern) if self.pattern else None)
+        try:
+            return list_files(fs, base, glob_regex(self.pattern) if self.pattern else None)
+        except OSError as error:
+            raise ConnectorError(
+                f"option path: cannot list the files under {self.path}: {error}"
+            ) from error
 
     def directory_exists(self) -> bool:
         fs, base = self.filesystem()
