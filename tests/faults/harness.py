@@ -6,7 +6,7 @@ group, ``local[2,4]`` so that Spark retries a task whose Python worker died), ap
 run's faults at their times after its first batch and ends it by its fault, stops the
 workload's data, reads what is left with ``trigger(availableNow=True)`` at the final
 parallelism, and recounts the sink (the files Spark's sink log lists) against the data
-with :meth:`~tests.faults.workloads.Workload.recount`. Linux only (``/proc``).
+with :meth:`~tests.faults.workloads.Workload.recount`. Linux only (tmpfs, process groups).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from tests.faults import disk
 from tests.faults.schedule import Schedule, Step
 from tests.faults.workloads import Count, Workload
@@ -267,9 +268,9 @@ def _kill(
         wait_until("a batch in flight", lambda: _in_flight(checkpoint) is not None, 10, step=0.01)
     victims = candidates()
     if busy:
-        before = {pid: _cpu_ticks(pid) for pid in victims}
+        before = {pid: _cpu_seconds(pid) for pid in victims}
         time.sleep(0.2)
-        victims = [pid for pid in victims if _cpu_ticks(pid) > before[pid]]
+        victims = [pid for pid in victims if _cpu_seconds(pid) > before[pid]]
     if not victims:
         return f"{kind}: not applied: none {'busy' if busy else 'alive'}"
     victim = rnd.choice(sorted(victims))
@@ -280,58 +281,41 @@ def _kill(
     return f"{kind}: killed {victim} (batch in flight: {_in_flight(checkpoint)})"
 
 
-def _cpu_ticks(pid: int) -> int:
-    """CPU time process ``pid`` used so far (user + system, in clock ticks); -1 if gone."""
+def _cpu_seconds(pid: int) -> float:
+    """CPU time process ``pid`` used so far (user + system); -1 if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-    except OSError:
-        return -1
-    return int(fields[11]) + int(fields[12])
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return -1.0
+    return float(times.user + times.system)
 
 
-def _processes() -> dict[int, tuple[int, bytes]]:
-    """Every process: PID -> (parent PID, command line)."""
-    result = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def _under(roots: Sequence[int], matches: Callable[[psutil.Process], bool]) -> list[int]:
+    """The PIDs of the processes below ``roots`` (or one of them) that ``matches`` takes."""
+    found = set()
+    for root in roots:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
+            family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
             continue
-        result[int(name)] = (int(stat.rsplit(")", 1)[1].split()[1]), command)
-    return result
+        for process in family:
+            with contextlib.suppress(psutil.Error):  # gone meanwhile
+                if matches(process):
+                    found.add(process.pid)
+    return sorted(found)
 
 
-def _under(
-    roots: Sequence[int], matches: Callable[[int, dict[int, tuple[int, bytes]]], bool]
-) -> list[int]:
-    processes = _processes()
-
-    def descends(pid: int) -> bool:
-        while pid > 1:
-            if pid in roots:
-                return True
-            pid = processes.get(pid, (0, b""))[0]
-        return False
-
-    return [pid for pid in processes if matches(pid, processes) and descends(pid)]
+def _runs_daemon(process: psutil.Process | None) -> bool:
+    return process is not None and "pyspark.daemon" in " ".join(process.cmdline())
 
 
 def python_workers(roots: Sequence[int]) -> Callable[[], list[int]]:
     """PySpark Python workers under ``roots``: children of a ``pyspark.daemon`` process that
     run the daemon's code too (the workers it forked; the daemon itself is spared)."""
 
-    def daemon(pid: int, processes: dict[int, tuple[int, bytes]]) -> bool:
-        return b"pyspark.daemon" in processes.get(pid, (0, b""))[1]
-
-    return lambda: _under(roots, lambda pid, ps: daemon(pid, ps) and daemon(ps[pid][0], ps))
+    return lambda: _under(roots, lambda p: _runs_daemon(p) and _runs_daemon(p.parent()))
 
 
 def executors_under(roots: Sequence[int]) -> Callable[[], list[int]]:
     """Executor JVMs (``CoarseGrainedExecutorBackend``) under ``roots``."""
-    return lambda: _under(roots, lambda pid, ps: b"CoarseGrainedExecutorBackend" in ps[pid][1])
+    return lambda: _under(roots, lambda p: "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()))

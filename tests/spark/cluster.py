@@ -22,7 +22,7 @@ Guarantees:
   executor, ``<work>/<app id>/<executor id>``) are kept under ``cluster.root`` (a fresh
   temporary folder unless ``root`` is given), for the test to read and for post-mortems.
 
-Linux only (``/proc``), like the rest of the Spark tests.
+Linux only (process groups), like the rest of the Spark tests.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pyspark
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -149,21 +150,19 @@ def find_processes(groups: Iterable[int], root: Path) -> list[tuple[int, str]]:
     groups = set(groups)
     prefix = str(root.resolve())
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            stat = (entry / "stat").read_text()
-            # state and pgid: 1st and 3rd fields after the parenthesised command
-            state, _ppid, pgid = stat.rsplit(")", 1)[1].split()[:3]
-            cwd = os.readlink(entry / "cwd")
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cwd = process.cwd()
+            if (
+                os.getpgid(process.pid) in groups
+                or cwd == prefix
+                or cwd.startswith(prefix + os.sep)
+            ):
+                found.append((process.pid, " ".join(process.cmdline())[:200].strip()))
+        except (psutil.Error, OSError):
             continue  # gone meanwhile, or not ours to inspect
-        if state == "Z":
-            continue
-        if int(pgid) in groups or cwd == prefix or cwd.startswith(prefix + os.sep):
-            found.append((int(entry.name), cmd[:200].strip()))
     return found
 
 
