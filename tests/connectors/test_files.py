@@ -272,6 +272,7 @@ def as_another_user(check: Any) -> str:
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe, never return into pytest
         os.close(rd)
+        result = "the child failed"
         try:
             if os.getuid() == 0:
                 os.setgid(65534)
@@ -279,8 +280,9 @@ def as_another_user(check: Any) -> str:
             result = repr(check())
         except Exception as error:
             result = f"{type(error).__name__}: {error}"
-        os.write(wr, result.encode())
-        os._exit(0)
+        finally:  # whatever happened (even a BaseException): leave here
+            os.write(wr, result.encode())
+            os._exit(0)
     os.close(wr)
     with os.fdopen(rd, "rb") as pipe:
         result = pipe.read().decode()
