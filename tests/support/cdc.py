@@ -10,7 +10,6 @@ final rows: every key's history must be gap-free (``r`` or ``c``, then ``u`` wit
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from collections.abc import Mapping
@@ -20,6 +19,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from tests.support.postgres import Postgres
+
+from splitflow.job.pipeline import committed_output_files
 
 
 class Writer(threading.Thread):
@@ -75,27 +76,14 @@ class Writer(threading.Thread):
 
 
 def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
-    """Every row the file sink committed, in batch order (by ``lsn`` within a file).
-
-    The committed files are those in the sink's log (``_spark_metadata``, whose older
-    batches are compacted into ``N.compact`` files); a batch's files are written after the
-    batch before it committed, so their modification times order the batches. A key's rows
-    of one batch come from one task, hence one file.
+    """Every row the file sink committed (:func:`committed_output_files`), in batch order
+    (by ``lsn`` within a file): a batch's files are written after the batch before it
+    committed, so their modification times order the batches. A key's rows of one batch
+    come from one task, hence one file.
     """
-    entries = {}
-    log = out / "_spark_metadata"
-    if not log.is_dir():
-        return []
-    for entry_file in log.iterdir():
-        if entry_file.name.startswith("."):
-            continue
-        for line in entry_file.read_text().splitlines()[1:]:
-            entry = json.loads(line)
-            entries[entry["path"]] = entry["modificationTime"]
     rows: list[dict[str, Any]] = []
-    for path, _ in sorted(entries.items(), key=lambda item: (item[1], item[0])):
-        table = pq.read_table(path.removeprefix("file://"))
-        rows.extend(sorted(table.to_pylist(), key=lambda r: r["lsn"]))
+    for path in sorted(committed_output_files(out), key=lambda p: (p.stat().st_mtime_ns, p)):
+        rows.extend(sorted(pq.read_table(path).to_pylist(), key=lambda r: r["lsn"]))
     return rows
 
 
