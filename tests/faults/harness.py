@@ -295,7 +295,8 @@ def _under(roots: Sequence[int], matches: Callable[[psutil.Process], bool]) -> l
     found = set()
     for root in roots:
         try:
-            family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            process = psutil.Process(root)
+            family = [process, *process.children(recursive=True)]
         except psutil.Error:
             continue
         for process in family:
