@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,6 +180,35 @@ def test_streaming_follows_new_topics_and_deleted_ones_without_fail_on_data_loss
     assert stored
     assert not [f for f in stored if secret.encode() in f.read_bytes()]
     assert secret not in progress, "a credential in the query progress"
+
+
+def test_a_refused_login_fails_the_read_naming_the_servers_and_not_the_password(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Against a broker that wants a login and knows no user (every login is refused)."""
+    password = "wrong-pw-5678"
+    with Tansu.start(tmp_path / "tansu.log", authentication=True) as guarded:
+        frame = batch_read(
+            spark,
+            guarded,
+            "t",
+            **{
+                "kafka.security.protocol": "SASL_PLAINTEXT",
+                "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                "kafka.sasl.username": "alice",
+                "kafka.sasl.password": password,
+                "requestTimeout": "60s",
+            },
+        )
+        began = time.monotonic()
+        with pytest.raises(Exception, match="refused the client") as error:
+            frame.count()
+        took = time.monotonic() - began
+    message = str(error.value)
+    assert f"kafka.bootstrap.servers={guarded.bootstrap} refused the client" in message
+    assert "SASL authentication error" in message
+    assert password not in message
+    assert took < 30, f"{took:.1f}s: a refused login must not wait for requestTimeout (60s)"
 
 
 def test_a_deleted_topic_fails_the_query_by_default(

