@@ -163,6 +163,32 @@ def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path
     assert end3.to_readers == {}  # delivered with batch 2's tasks, not again
 
 
+def test_an_event_in_an_offset_that_no_longer_loads_fails_naming_its_batch(
+    tmp_path: Path,
+) -> None:
+    """A connector renamed its event class while an offset carried one (here: Ping -> Pong)."""
+    import base64
+
+    from splitflow.errors import IncompatibleCheckpointError
+
+    _, source, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))
+    (event,) = end2["to_readers"]["1"]
+    renamed = base64.b64decode(event).replace(b"Ping", b"Pong")
+    end2["to_readers"]["1"] = [base64.b64encode(renamed).decode("ascii")]
+    with pytest.raises(IncompatibleCheckpointError) as error:
+        BatchOffset.decode(end2, source)
+    message = str(error.value)
+    assert message.startswith(
+        f"events to reader 1 in the splitflow offset of batch {end2['seq']}: "
+        "found an event that does not load "
+    ), message
+    assert "AttributeError: Can't get attribute 'Pong'" in message
+
+
 def test_an_enumerator_event_waits_for_a_batch_where_its_slot_has_a_task(tmp_path: Path) -> None:
     catalog, source, planner = setup(tmp_path)
     start = roundtrip(planner.initial_offset())
@@ -197,7 +223,7 @@ def test_a_slot_cut_into_several_tasks_gets_its_events_in_its_first_task_only(
     tasks = _partitions(source, end2, RuntimeOptions(max_records_per_task=10))
     slot1 = [t for t in tasks if t.slot == 1]
     assert len(slot1) > 1
-    assert [decode_events(t.events) for t in slot1] == [[Ping(2)]] + [[]] * (len(slot1) - 1)
+    assert [decode_events(t.events, "test") for t in slot1] == [[Ping(2)]] + [[]] * (len(slot1) - 1)
 
 
 # -- one query per state directory ---------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Source events: the custom messages between an enumerator and its readers.
 
 Events are frozen dataclasses, so they compare by value and pickle; a runtime that must
-carry them across processes (Spark) pickles them. Connectors define their own by
-subclassing :class:`SourceEvent`; the ones below are understood by splitflow's own bases.
+carry them across processes (Spark) pickles them, also into its checkpoint. Connectors
+define their own by subclassing :class:`SourceEvent`; the ones below are understood by
+splitflow's own bases. An event class is part of a connector's checkpoint format: renaming
+or moving one makes a checkpoint that carries it fail to restore (the error names the batch
+or the file), unless the old name stays as an alias.
 """
 
 from __future__ import annotations

@@ -236,7 +236,8 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     )
     idle_timeout = data_source.runtime.reader_idle_timeout
     try:
-        for event in decode_events(partition.events):
+        where = f"events to slot {partition.slot} in batch {partition.seq}, task {partition.index}"
+        for event in decode_events(partition.events, where):
             reader.handle_source_event(event)
         reader.add_splits(splits, stop_at=stops)
         reader.notify_no_more_splits()

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Sequence
 
 from splitflow.api.events import SourceEvent
-from splitflow.errors import CheckpointStateError
+from splitflow.errors import CheckpointStateError, IncompatibleCheckpointError
 from splitflow.spark.statedir import write_atomically
 
 
@@ -29,12 +29,30 @@ def encode_events(events: Sequence[SourceEvent]) -> list[str]:
     return [base64.b64encode(pickle.dumps(e)).decode("ascii") for e in events]
 
 
-def decode_events(data: Sequence[str]) -> list[SourceEvent]:
-    events = [pickle.loads(base64.b64decode(item)) for item in data]
-    for event in events:
+def decode_events(data: Sequence[str], where: str) -> list[SourceEvent]:
+    """The events :func:`encode_events` made; ``where`` names them in an error.
+
+    Raises :class:`~splitflow.errors.IncompatibleCheckpointError` for an event that does not
+    load (its class renamed or moved since it was written) or is not a ``SourceEvent``.
+    """
+    events = []
+    for item in data:
+        try:
+            event = pickle.loads(base64.b64decode(item))
+        except Exception as e:
+            found = f"{type(e).__name__}: {e}"
+            raise IncompatibleCheckpointError(
+                where, found=found, expected=_LOADABLE, of="an event that does not load"
+            ) from e
         if not isinstance(event, SourceEvent):
-            raise TypeError(f"not a SourceEvent in a splitflow offset: {event!r}")
+            raise IncompatibleCheckpointError(
+                where, found=repr(event), expected=_LOADABLE, of="a value that is not an event"
+            )
+        events.append(event)
     return events
+
+
+_LOADABLE = "SourceEvents of classes the connector defines now"
 
 
 class EventStore:

@@ -282,8 +282,9 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             )
         enum_version, split_version = data["codecs"]
         codec = source.split_codec
+        seq = int(data["seq"])
         return cls(
-            seq=int(data["seq"]),
+            seq=seq,
             enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
             slots=tuple(
                 tuple(Slice(codec.decode(s, split_version), int(stop)) for _, s, stop in slot)
@@ -292,7 +293,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             backlog=bool(data.get("backlog", False)),
             events_through=int(data.get("events_through", 0)),
             to_readers={
-                int(r): tuple(decode_events(e)) for r, e in data.get("to_readers", {}).items()
+                int(r): tuple(
+                    decode_events(e, f"events to reader {r} in the splitflow offset of batch {seq}")
+                )
+                for r, e in data.get("to_readers", {}).items()
             },
             ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
             event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
