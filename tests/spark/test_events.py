@@ -149,11 +149,19 @@ def test_events_of_a_slot_a_rescale_removed_still_reach_the_enumerator(tmp_path:
     assert HANDLED == [(0, 4)]
 
 
-def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path) -> None:
+def after_reader_1_sent_ping_1(
+    tmp_path: Path,
+) -> tuple[PingSource, Planner[Any, Any], dict[str, Any]]:
+    """Batch 1 planned (its end offset returned) and completed, reader 1 having sent Ping(1)."""
     _, source, planner = setup(tmp_path)
     start = roundtrip(planner.initial_offset())
     end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
     EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    return source, planner, end1
+
+
+def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path) -> None:
+    source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
     end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, MaxRecords(10))), source)
     assert end2.to_readers == {1: (Ping(2),)}
     assert end2.has_tasks(1)
@@ -171,10 +179,7 @@ def test_an_event_in_an_offset_that_no_longer_loads_fails_naming_its_batch(
 
     from splitflow.errors import IncompatibleCheckpointError
 
-    _, source, planner = setup(tmp_path)
-    start = roundtrip(planner.initial_offset())
-    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
-    EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
     end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))
     (event,) = end2["to_readers"]["1"]
     renamed = base64.b64decode(event).replace(b"Ping", b"Pong")
@@ -215,10 +220,7 @@ def test_a_slot_cut_into_several_tasks_gets_its_events_in_its_first_task_only(
     from splitflow.spark.events import decode_events
     from splitflow.spark.options import RuntimeOptions
 
-    _, source, planner = setup(tmp_path)
-    start = roundtrip(planner.initial_offset())
-    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
-    EventStore(str(tmp_path)).write(1, 0, slot=1, events=[Ping(1)])
+    source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
     end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, ReadAll())), source)
     tasks = _partitions(source, end2, RuntimeOptions(max_records_per_task=10))
     slot1 = [t for t in tasks if t.slot == 1]
