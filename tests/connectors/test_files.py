@@ -111,6 +111,10 @@ class FilesContract(SourceContract, SourceReaderContract):
         self.written += new
         return new
 
+    def change_upstream_between_reads(self) -> None:
+        """A live directory gets new files (a file is immutable once in place)."""
+        self.add_split_upstream()
+
     def test_every_split_has_exactly_one_owner(self) -> None:
         harness = self.harness()
         harness.settle()

@@ -119,6 +119,27 @@ def test_a_reader_without_stops_emits_only_rows_that_exist_yet() -> None:
     assert table.column("id").to_pylist() == [0, 1, 2, 3, 4]  # event times 49.0 .. 50.0
 
 
+def test_a_planned_slice_is_read_to_its_stop_whatever_the_task_clock_says() -> None:
+    """The driver planned rows 0..20 at 1002.05; a task whose clock is behind (another host,
+    a clock stepped back) reads exactly them, at once: the slice is a function of itself."""
+    clock = Clock(1000.0)
+    split = GeneratorSource(1, 50, rows_per_second=10.0, clock=clock).splits(1_000_000_000)[0]
+    assert split.available(1002.05) == 21
+    reader = GeneratorSource(1, 50, rows_per_second=10.0, clock=clock).create_reader(
+        RecordingReaderContext()
+    )
+    reader.start()
+    reader.add_splits([split], stop_at={split.split_id: 21})
+    reader.notify_no_more_splits()
+    out: Collector[pa.RecordBatch] = Collector()
+    while reader.poll_next(out) is InputStatus.MORE_AVAILABLE:
+        pass
+    assert reader.poll_next(out) is InputStatus.END_OF_INPUT
+    reader.close()
+    ids = pa.Table.from_batches(list(out)).column("id").to_pylist()
+    assert ids == list(range(21))
+
+
 def test_a_restart_keeps_the_start_time_so_the_same_rows_exist() -> None:
     clock = Clock(1000.0)
     source = GeneratorSource(3, 40, rows_per_second=30.0, clock=clock, batch_rows=3)

@@ -363,3 +363,31 @@ def test_a_files_source_is_checked_for_its_directory_at_load_only(tmp_path: Path
     loaded = FilesDataSource(spark_options(path=str(folder), format="json"))
     shutil.rmtree(folder)
     assert loaded.create_source().path == str(folder)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "maxRecordsPerBatch",
+        "maxBytesPerBatch",
+        "backlogMaxRecordsPerBatch",
+        "backlogMaxBytesPerBatch",
+        "minRecordsPerBatch",
+    ],
+)
+def test_a_source_default_for_max_bytes_per_batch_yields_to_any_batch_option(option: str) -> None:
+    given = parse(**{option: "5"})
+    assert given.sizes_batches
+    assert given.with_default_max_bytes(64) == given
+    assert not parse(parallelism="3", maxRecordsPerTask="9").sizes_batches
+    defaulted = parse(parallelism="3").with_default_max_bytes(64)
+    assert defaulted == parse(parallelism="3", maxBytesPerBatch="64")
+    assert parse().with_default_max_bytes(None) == RuntimeOptions()
+
+
+def test_the_sources_without_a_byte_default_keep_unbounded_batches(tmp_path: Path) -> None:
+    from splitflow.spark.files import FilesDataSource
+
+    assert FilesDataSource.DEFAULT_MAX_BYTES_PER_BATCH is None
+    loaded = FilesDataSource(spark_options(path=str(tmp_path), format="json"))
+    assert loaded.runtime == RuntimeOptions()

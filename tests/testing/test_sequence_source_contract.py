@@ -35,6 +35,12 @@ class TestUnboundedSequenceSource(_SequenceFixtures, SourceContract, SourceReade
         self.catalog.add("late", 9)
         return [("late", i) for i in range(9)]
 
+    def change_upstream_between_reads(self) -> None:
+        """Records are appended past the planned stops, and a split appears."""
+        for name in self.catalog.lengths():
+            self.catalog.append(name, 3)
+        self.catalog.add(f"new-{len(self.catalog.lengths())}", 4)
+
 
 class TestBoundedSequenceSource(_SequenceFixtures, SourceContract, SourceReaderContract):
     bounded = True

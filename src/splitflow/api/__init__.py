@@ -29,7 +29,13 @@ from splitflow.api.reader import (
     SourceReaderContext,
     SplitOutputs,
 )
-from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
+from splitflow.api.source import (
+    Boundedness,
+    ReadPinner,
+    Source,
+    SupportsPinnedReads,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitflow.api.split import (
     Codec,
     DataclassCodec,
@@ -57,6 +63,7 @@ __all__ = [
     "JsonDict",
     "LedgerCodec",
     "MetricGroup",
+    "ReadPinner",
     "ReaderInfo",
     "ReaderOutput",
     "RoundRobinAssignment",
@@ -72,6 +79,7 @@ __all__ = [
     "SplitState",
     "SplitsFinishedEvent",
     "SplitsRemovedEvent",
+    "SupportsPinnedReads",
     "SupportsSplitReassignmentOnRecovery",
     "with_position",
 ]

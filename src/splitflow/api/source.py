@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitEnumerator, SplitEnumeratorContext
+from splitflow.api.events import SourceEvent
 from splitflow.api.reader import RecordT, SourceReader, SourceReaderContext
 from splitflow.api.split import Codec, SplitT
 
@@ -96,3 +98,63 @@ class SupportsSplitReassignmentOnRecovery:
 
     :class:`~splitflow.api.assigner.AssigningSplitEnumerator` implements all three.
     """
+
+
+class ReadPinner(ABC, Generic[SplitT]):
+    """Holds, on the driver, what makes every read of a planned batch return the same records.
+
+    The rule every connector keeps: a reader's output for a planned slice is a function of
+    the slice. A runtime may read a slice more than once (Spark evaluates a micro-batch
+    again for every action on it in ``foreachBatch``, for a ``MERGE``, a retried or
+    speculative task, a stage recomputed after a lost executor), and each read must give the
+    same records, with the same reader events. Most sources get this from their data:
+    an offset range of a log, the byte range of an immutable file. A source that reads a
+    mutable store (a table's snapshot chunk) cannot, unless something outlives the single
+    read: a database snapshot exported by the driver and imported by every task, say.
+    That something is pinned here, per batch.
+
+    Lifecycle: one pinner per query run, made by
+    :meth:`SupportsPinnedReads.create_read_pinner` in the driver process.
+
+    Called by: the runtime's planning thread (on Spark, the streaming runner's main thread),
+    one call at a time.
+    """
+
+    @abstractmethod
+    def pin(self, batch: int, splits: Sequence[SplitT]) -> SourceEvent | None:
+        """Pin what batch ``batch`` reads; return the event its readers need to read it.
+
+        ``splits``: the splits the batch reads, each at the position its slice starts.
+        The runtime hands the returned event to the reader of every task of the batch
+        (``SourceReader.handle_source_event``) before its splits; ``None``: the batch needs
+        nothing pinned.
+
+        Called: at least once per batch, before any of its tasks runs, and again for each
+        later evaluation of the batch (return the same event while the pin is held). After
+        a driver restart, the batch being replayed is pinned anew in the new process: its
+        reads then all see the new pin, and none sees the old one, whose tasks ended with
+        their driver. Blocking: may block briefly (a round trip to the store).
+        """
+
+    @abstractmethod
+    def release(self, through_batch: int) -> None:
+        """Batches up to ``through_batch`` have completed: release their pins.
+
+        Called: when the runtime knows no evaluation of those batches can follow (on Spark,
+        when the next batch is planned, or the batch is committed). Idempotent.
+        """
+
+    def close(self) -> None:
+        """Release every pin. Called once when the query run ends; not guaranteed (a
+        killed driver releases nothing: the store must free what a dead client held)."""
+        self.release(2**63 - 1)
+
+
+class SupportsPinnedReads(Generic[SplitT]):
+    """Mix-in of a :class:`Source` whose slices read the same only under a driver-held pin
+    (see :class:`ReadPinner`). Without a runtime that pins (a batch read, the test harness),
+    its readers must still read correctly, each read on its own terms."""
+
+    @abstractmethod
+    def create_read_pinner(self) -> ReadPinner[SplitT]:
+        """A new pinner for one query run. Called by: the runtime, on the driver, once."""

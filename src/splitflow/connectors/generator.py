@@ -212,7 +212,12 @@ class GeneratorEnumerator(AssigningSplitEnumerator[GeneratorSplit]):
 
 
 class _GeneratorSplitReader(SplitReader[Positioned[pa.RecordBatch], GeneratorSplit]):
-    """Makes one record batch per fetch, taking splits in turn; never past what exists."""
+    """Makes one record batch per fetch, taking splits in turn; never past what exists.
+
+    A planned slice (a stop) is read to its stop without looking at the clock: the driver
+    planned it from rows that existed then, and a task whose clock is behind the driver's
+    (another host, a clock stepped back) must read the same rows, not wait for them.
+    """
 
     def __init__(self, batch_rows: int, clock: Callable[[], float]) -> None:
         self._batch_rows = batch_rows
@@ -233,7 +238,7 @@ class _GeneratorSplitReader(SplitReader[Positioned[pa.RecordBatch], GeneratorSpl
         for _ in range(len(self._pieces)):
             split_id = next(iter(self._pieces))
             split, position, stop = self._pieces.pop(split_id)
-            limit = split.available(now) if stop is None else min(stop, split.available(now))
+            limit = split.available(now) if stop is None else stop
             end = min(limit, position + self._batch_rows)
             if end > position:
                 batch.add(split_id, Positioned(split.batch(position, end), end))

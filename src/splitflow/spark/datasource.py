@@ -91,6 +91,11 @@ class SplitflowDataSource(DataSource):
     nearest known one."""
     OPTION_PREFIXES: tuple[str, ...] = ()
     """Prefixes of options passed through to a client that checks them (``kafka.``)."""
+    DEFAULT_MAX_BYTES_PER_BATCH: int | None = None
+    """The connector's default for ``maxBytesPerBatch`` when no option sizes batches
+    (:meth:`~splitflow.spark.options.RuntimeOptions.with_default_max_bytes`); only for a
+    source that estimates sizes. ``None``: batches are unbounded unless the user bounds
+    them."""
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
@@ -107,6 +112,8 @@ class SplitflowDataSource(DataSource):
                     "records; use the records options",
                     option=option,
                 )
+        if source.estimates_size:
+            self.runtime = self.runtime.with_default_max_bytes(self.DEFAULT_MAX_BYTES_PER_BATCH)
         self.event_time = self._event_time(source)
 
     def _event_time(self, source: AnySource) -> EventTimeSettings | None:
@@ -187,19 +194,26 @@ def _check_event_time_column(column: str, schema: Any) -> None:
 
 
 def _partitions(
-    source: AnySource, end: BatchOffset[Any, Any], runtime: RuntimeOptions
+    source: AnySource,
+    end: BatchOffset[Any, Any],
+    runtime: RuntimeOptions,
+    pinned: SourceEvent | None = None,
 ) -> list[SlicePartition]:
     """The batch's tasks. A slot's events from the enumerator go to its first task only (a
-    slot cut into several tasks by ``maxRecordsPerTask`` still gets each event once)."""
+    slot cut into several tasks by ``maxRecordsPerTask`` still gets each event once);
+    the batch's pin (:meth:`Planner.pin`) goes to every task, first."""
     codec = source.split_codec
     partitions = []
     served: set[int] = set()
+    first = [] if pinned is None else [pinned]
     for index, (slot, slices) in enumerate(plan_partitions(end, runtime.max_records_per_task)):
         events = () if slot in served else end.to_readers.get(slot, ())
         served.add(slot)
         encoded = [(codec.encode(s.split), s.stop) for s in slices]
         partitions.append(
-            SlicePartition(index, slot, end.seq, codec.version, encoded, encode_events(events))
+            SlicePartition(
+                index, slot, end.seq, codec.version, encoded, encode_events([*first, *events])
+            )
         )
     return partitions
 
@@ -357,10 +371,12 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._planner.lag()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SlicePartition]:
-        if self._planner is not None:
-            return _partitions(self._planner.source, self._planner.planned(end), self._ds.runtime)
-        source = self._ds.create_source()
-        return _partitions(source, BatchOffset.decode(end, source), self._ds.runtime)
+        """Spark calls this for every evaluation of the batch (each action on its DataFrame
+        plans it again) and, after a restart, for the batch it replays without planning it:
+        both go through the planner, which pins what the batch reads until it completes."""
+        planner = self._driver()
+        batch = planner.planned(end)
+        return _partitions(planner.source, batch, self._ds.runtime, planner.pin(batch))
 
     def commit(self, end: dict[str, Any]) -> None:
         if self._planner is not None:

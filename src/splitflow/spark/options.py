@@ -9,7 +9,9 @@ option                        default    meaning
                                          starved)
 ``maxBytesPerBatch``          (none)     about this many bytes per micro-batch (``64m``,
                                          ``1g``), for sources that estimate record sizes;
-                                         with maxRecordsPerBatch, both apply
+                                         with maxRecordsPerBatch, both apply. A source may
+                                         default it when no option here sizes batches (the
+                                         CDC source: ``64m`` of WAL)
 ``backlogMaxRecordsPerBatch`` (none)     while the source processes backlog (catching up):
                                          at most this many records per batch instead of
                                          maxRecordsPerBatch (size it for throughput)
@@ -43,7 +45,7 @@ is seconds. Spark lower-cases option keys; so does this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from splitflow.api.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
@@ -149,6 +151,35 @@ class RuntimeOptions:
                 option="minRecordsPerBatch",
             )
         return parsed
+
+    @property
+    def sizes_batches(self) -> bool:
+        """Whether any option that sizes batches was given (the records and bytes limits,
+        their backlog forms, ``minRecordsPerBatch``)."""
+        return any(
+            value is not None
+            for value in (
+                self.max_records_per_batch,
+                self.max_bytes_per_batch,
+                self.backlog_max_records_per_batch,
+                self.backlog_max_bytes_per_batch,
+                self.min_records_per_batch,
+            )
+        )
+
+    def with_default_max_bytes(self, max_bytes: int | None) -> RuntimeOptions:
+        """These options, with ``maxBytesPerBatch`` = ``max_bytes`` when no option sizes
+        batches (:attr:`sizes_batches`): a source's own default, which any batch option the
+        user gives replaces whole. ``None``: no default.
+
+        >>> RuntimeOptions().with_default_max_bytes(64).read_limit()
+        MaxBytes(bytes=64, records=None, option='maxBytesPerBatch')
+        >>> RuntimeOptions(max_records_per_batch=10).with_default_max_bytes(64).read_limit()
+        MaxRecords(records=10)
+        """
+        if max_bytes is None or self.sizes_batches:
+            return self
+        return replace(self, max_bytes_per_batch=max_bytes)
 
     def read_limit(self) -> ReadLimit:
         """The planner's limit for each batch, from the admission options."""

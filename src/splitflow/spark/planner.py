@@ -35,7 +35,7 @@ from splitflow.api.events import (
     SplitsFinishedEvent,
     SplitsRemovedEvent,
 )
-from splitflow.api.source import Source
+from splitflow.api.source import ReadPinner, Source, SupportsPinnedReads
 from splitflow.api.split import JsonDict, LedgerCodec, SplitT, with_position
 from splitflow.coordinator.checkpoint import redistribute_reader_states
 from splitflow.coordinator.coordinator import (
@@ -356,6 +356,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._next_times: dict[str, tuple[int, int]] = {}  # id -> (position, its event time)
         self._times_memo: dict[tuple[str, int], int | None] = {}  # this batch's answers
         self._aligned: Alignment | None = None  # how the last batch was aligned
+        self._pinner: ReadPinner[SplitT] | None = None  # made at the first pin
 
     progress_splits = 50
     """At most this many splits are listed one by one in :meth:`lag` (the most lagging)."""
@@ -419,6 +420,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         if self._coordinator is not None:
             self._coordinator.close()
             self._coordinator = None
+        if self._pinner is not None:
+            self._pinner.close()
+            self._pinner = None
 
     @property
     def coordinator(self) -> SourceCoordinator[SplitT, EnumStateT]:
@@ -507,6 +511,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._ensure(start)
         if self._owner is not None:
             self._owner.check()
+        self._release_pins(int(start["seq"]))
         self._apply_reader_events(int(start["seq"]))
         self._pump()
         if self._fix_target:
@@ -553,12 +558,32 @@ class Planner(Generic[SplitT, EnumStateT]):
             return self._last
         return BatchOffset.decode(end, self.source)
 
+    def pin(self, offset: BatchOffset[SplitT, EnumStateT]) -> SourceEvent | None:
+        """The event every task of batch ``offset`` hands its reader first, from the source's
+        :class:`~splitflow.api.source.ReadPinner` (None: the source pins nothing, or the
+        batch reads nothing). Called for every evaluation of the batch; the pinner answers
+        the same while the pin is held, until the batch completes."""
+        if not isinstance(self.source, SupportsPinnedReads):
+            return None
+        reads = [s.split for slot in offset.slots for s in slot if s.records > 0]
+        if not reads:
+            return None
+        if self._pinner is None:
+            self._pinner = self.source.create_read_pinner()
+        return self._pinner.pin(offset.seq, reads)
+
+    def _release_pins(self, completed: int) -> None:
+        """Batches up to ``completed`` completed: no evaluation of them follows."""
+        if self._pinner is not None:
+            self._pinner.release(completed)
+
     def _planned_last(self, offset: Mapping[str, Any]) -> bool:
         """Whether ``offset`` is the one this planner planned last (same checkpoint seq)."""
         return self._last is not None and offset.get("seq") == self._last.seq
 
     def commit(self, end: Mapping[str, Any]) -> None:
         seq = int(end["seq"])
+        self._release_pins(seq)
         if self._coordinator is not None and seq > 0:
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
         if self._owner is not None and seq > 0:

@@ -18,17 +18,28 @@ enumerator and reader tests, run on its real enumerator and readers through the 
 The suites use plain ``assert`` and need no pytest import; a connector's test module
 collects them because its class name starts with ``Test``. Optional features (new splits
 appearing, bounded input) are skipped when the connector does not provide them.
+
+:class:`SourceReaderContract` also checks that a reader's output for a planned slice is a
+function of the slice (Spark reads a batch more than once): every planned slice is read
+twice, and a connector whose upstream is live overrides
+:meth:`~_ContractBase.change_upstream_between_reads` to change it between the reads::
+
+        def change_upstream_between_reads(self):
+            self.table.update_some_rows()             # as the application would
 """
 
 from __future__ import annotations
 
+import time
 import unittest
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from splitflow.api.enumerator import SplitExtent
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.reader import InputStatus
-from splitflow.api.source import Boundedness, Source
+from splitflow.api.source import Boundedness, ReadPinner, Source, SupportsPinnedReads
+from splitflow.api.split import with_position
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.testing.harness import (
     SourceHarness,
@@ -73,6 +84,18 @@ class _ContractBase:
     def add_split_upstream(self) -> list[Any]:
         """Make a new split appear upstream; return its records. Optional."""
         raise unittest.SkipTest("the connector cannot add splits while running")
+
+    def change_upstream_between_reads(self) -> None:
+        """Change the upstream data the way a live system does, between two reads of the
+        same planned slices (the read-twice check of :class:`SourceReaderContract`): write
+        to the tables being read, produce past the planned stops, add files. Called once
+        per planned batch. Default: nothing changes."""
+
+    def slice_rows(self, record: Any) -> list[Hashable]:
+        """The rows of one emitted record as the read-twice check compares them (default:
+        :meth:`record_key` of each of :meth:`rows`). Override to compare more of each row
+        (metadata columns the key leaves out)."""
+        return [self.record_key(row) for row in self.rows(record)]
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -250,3 +273,152 @@ class SourceReaderContract(_ContractBase):
         self.read(rest, rest_context, second)
         rest.close()
         self.assert_exactly_once([*first, *second], self.expected_records())
+
+    # -- the read-twice check -----------------------------------------------------------
+
+    read_twice_batches = 2
+    """Batches the read-twice check plans one after the other: the slices the enumerator
+    assigns first, then those that follow once they are read (more records past the first
+    stops, new splits, the PostgreSQL log after its snapshot's chunks)."""
+
+    slice_idle_timeout = 30.0
+    """Seconds a slice's read may wait for records before its stop (a Spark task's
+    ``readerIdleTimeout``) before the check fails."""
+
+    def test_a_slice_read_twice_gives_the_same_records_and_events(self) -> None:
+        """A reader's output for a planned slice is a function of the slice.
+
+        Spark may evaluate a micro-batch more than once (several actions in
+        ``foreachBatch``, ``MERGE``, retried and speculative tasks, a stage recomputed
+        after a lost executor). So the check plans batches as the Spark runtime does (the
+        enumerator's splits, each from its position up to the latest position it reports),
+        reads every slice twice, each time in a fresh reader of its own (a task), with
+        :meth:`change_upstream_between_reads` in between, and compares the records of each
+        slice, in order, and the reader's events. A :class:`SupportsPinnedReads` source is
+        pinned per evaluation through its :class:`ReadPinner`, as the runtime does.
+        """
+        source = self.make_source()
+        pinner = source.create_read_pinner() if isinstance(source, SupportsPinnedReads) else None
+        harness = SourceHarness(source, 1)  # the enumerator, and what it assigns
+        held: dict[str, Any] = {}  # split id -> the split at its next slice's start
+        gone: set[str] = set()  # finished splits
+        compared = 0
+        try:
+            harness.settle()
+            for batch in range(1, self.read_twice_batches + 1):
+                for split in harness.reader_splits()[0]:  # what the enumerator assigned since
+                    if split.split_id not in held and split.split_id not in gone:
+                        held[split.split_id] = split
+                extents = harness._await(harness.coordinator.latest_positions(list(held.values())))
+                slices = [
+                    (split, extents[sid].latest)
+                    for sid, split in held.items()
+                    if sid in extents and extents[sid].latest > split.position
+                ]
+                reads: dict[str, tuple[list[Hashable], list[SourceEvent]]] = {}
+                if slices:
+                    first = self._evaluate(source, pinner, batch, slices)
+                    self.change_upstream_between_reads()
+                    second = self._evaluate(source, pinner, batch, slices)
+                    if pinner is not None:
+                        pinner.release(batch)
+                    self._assert_same_reads(batch, slices, first, second)
+                    reads = first[1]
+                    compared += sum(len(rows) for rows, _ in reads.values())
+                # On to the next batch: the slices were read; the enumerator gets the events.
+                for split, stop in slices:
+                    held[split.split_id] = with_position(split, stop)
+                    extent = extents[split.split_id]
+                    if extent.final and stop >= extent.latest:
+                        gone.add(split.split_id)
+                for _, events in reads.values():
+                    for event in events:
+                        if isinstance(event, SplitsFinishedEvent):
+                            gone.update(event.split_ids)
+                        harness.coordinator.handle_source_event(0, event)
+                for sid in gone:
+                    held.pop(sid, None)
+                harness.advance(self.discovery_seconds)
+        finally:
+            if pinner is not None:
+                pinner.close()
+            harness.close()
+        assert compared > 0, "no planned slice held a record: the check compared nothing"
+
+    def _evaluate(
+        self,
+        source: AnySource,
+        pinner: ReadPinner[Any] | None,
+        batch: int,
+        slices: Sequence[tuple[Any, int]],
+    ) -> tuple[SourceEvent | None, dict[str, tuple[list[Hashable], list[SourceEvent]]]]:
+        """One evaluation of a planned batch: pin it (as the runtime does on every
+        evaluation), then read each slice in a fresh reader. Returns the pin's event and,
+        per split id, the slice's rows (:meth:`slice_rows`) and the reader's events."""
+        pinned = pinner.pin(batch, [split for split, _ in slices]) if pinner else None
+        reads = {
+            split.split_id: self._read_slice(source, split, stop, pinned) for split, stop in slices
+        }
+        return pinned, reads
+
+    def _read_slice(
+        self, source: AnySource, split: Any, stop: int, pinned: SourceEvent | None
+    ) -> tuple[list[Hashable], list[SourceEvent]]:
+        """Read ``split`` from its position up to ``stop`` as a Spark task does."""
+        context = RecordingReaderContext()
+        reader = source.create_reader(context)
+        reader.start()
+        out: Collector[Any] = Collector()
+        where = f"slice [{split.position}, {stop}) of split {split.split_id}"
+        try:
+            if pinned is not None:
+                reader.handle_source_event(pinned)
+            reader.add_splits([split], stop_at={split.split_id: stop})
+            reader.notify_no_more_splits()
+            deadline = time.monotonic() + 10 * self.slice_idle_timeout
+            while True:
+                status = reader.poll_next(out)
+                if status is InputStatus.END_OF_INPUT:
+                    break
+                if status is InputStatus.NOTHING_AVAILABLE and not reader.wait_available(
+                    self.slice_idle_timeout
+                ):
+                    raise AssertionError(
+                        f"{where}: nothing arrived for {self.slice_idle_timeout:g}s before the "
+                        "planned stop"
+                    )
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{where}: the reader never reached END_OF_INPUT")
+        finally:
+            reader.close()
+        return [row for record in out for row in self.slice_rows(record)], list(context.events)
+
+    @staticmethod
+    def _assert_same_reads(
+        batch: int,
+        slices: Sequence[tuple[Any, int]],
+        first: tuple[SourceEvent | None, dict[str, tuple[list[Hashable], list[SourceEvent]]]],
+        second: tuple[SourceEvent | None, dict[str, tuple[list[Hashable], list[SourceEvent]]]],
+    ) -> None:
+        assert first[0] == second[0], (
+            f"batch {batch}: the pinner gave another event for the batch while its pin was "
+            f"held: {first[0]!r}, then {second[0]!r}"
+        )
+        for split, stop in slices:
+            sid = split.split_id
+            where = f"batch {batch}, slice [{split.position}, {stop}) of split {sid}"
+            (rows_1, events_1), (rows_2, events_2) = first[1][sid], second[1][sid]
+            if rows_1 != rows_2:
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(rows_1, rows_2, strict=False)) if a != b),
+                    min(len(rows_1), len(rows_2)),
+                )
+                raise AssertionError(
+                    f"{where} read twice gave other records: {len(rows_1)} rows, then "
+                    f"{len(rows_2)}; they first differ at row {at}: "
+                    f"{rows_1[at] if at < len(rows_1) else '(none)'!r}, then "
+                    f"{rows_2[at] if at < len(rows_2) else '(none)'!r}"
+                )
+            assert events_1 == events_2, (
+                f"{where} read twice sent other reader events: {events_1!r}, then {events_2!r}"
+            )

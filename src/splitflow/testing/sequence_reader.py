@@ -38,7 +38,9 @@ class SequenceSplitReader(SplitReader[Positioned[SequenceRecord], SequenceSplit]
     appended. A split whose name vanished from the catalog has nothing available (the
     enumerator removes it); under a planned slice (a ``stop``) it is data loss: a
     :class:`~splitflow.errors.DataLossError`, or with ``fail_on_data_loss=False`` the split
-    ends with a warning. Splits take turns: each fetch starts one split further on, so
+    ends with a warning. A sealed split without ``end`` ends at its length when read without
+    a stop; under a stop it only finishes there (the runtime, which planned the stop from a
+    final extent, finishes it). Splits take turns: each fetch starts one split further on, so
     a long split does not starve the others.
 
     Thread: the :class:`~splitflow.reader.SplitReader` contract; ``fetch`` never blocks.
@@ -121,7 +123,10 @@ class _Cursor:
         if extent is None:
             return 0  # vanished: nothing available until the enumerator removes the split
         length, sealed = extent
-        end = length if self.end is None and sealed else self.end  # sealed: ends where it is
+        # Sealed: the split ends where it is; but a planned slice (a stop) ends only at the
+        # split's own end, so that whether it ends does not depend on when it is read (a
+        # seal between two reads of one slice); the runtime finishes sealed splits itself.
+        end = length if self.end is None and sealed and self.stop is None else self.end
         limit = length if end is None else min(length, end)
         if self.stop is not None:
             limit = min(limit, self.stop)

@@ -46,6 +46,14 @@ class _KafkaData:
         self.written.extend(rows)
         return rows
 
+    def change_upstream_between_reads(self) -> None:
+        """Producers keep writing: records land past the planned stops, in every partition."""
+        for name, partitions in (("a", 3), ("b", 2)):
+            topic = f"{self.prefix}-{name}"
+            self.broker.produce(
+                topic, [(b"late", b"%s/late%d" % (topic.encode(), p), p) for p in range(partitions)]
+            )
+
     def make_source(self) -> KafkaSource:
         options = {
             "kafka.bootstrap.servers": self.broker.bootstrap,

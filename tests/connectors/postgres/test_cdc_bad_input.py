@@ -37,7 +37,7 @@ def load(postgres: Postgres, **options: str) -> PostgresCdcSource:
     parsed = PostgresOptions.parse({"conninfo": postgres.conninfo(), **options})
     with catalog.connect(parsed, autocommit=True) as conn:
         names = catalog.list_tables(conn, parsed)
-        tables = [catalog.describe_table(conn, name) for name in names]
+        tables = [catalog.describe_table(conn, name, parsed) for name in names]
     return PostgresCdcSource(parsed, tables)
 
 
@@ -140,14 +140,108 @@ def test_a_pattern_that_matches_nothing_gives_an_empty_schema(postgres: Postgres
     assert source.schema() == "`op` string, `lsn` bigint, `commit_ts` timestamp, `table` string"
 
 
-def test_a_table_without_primary_key_is_named(postgres: Postgres, name: str) -> None:
+def test_a_table_without_primary_key_loads_and_reads_as_a_snapshot(
+    postgres: Postgres, name: str
+) -> None:
     postgres.execute(f"CREATE TABLE {name} (id int, v text)")
+    postgres.execute(f"INSERT INTO {name} VALUES (1, 'a'), (1, 'a'), (NULL, 'b')")
+    data_source(conninfo=postgres.conninfo(), tables=name, slotName=name)  # spark.read may use it
+    source = data_source(conninfo=postgres.conninfo(), tables=name, startupMode="snapshotOnly")
+    harness = SourceHarness(source.create_source(), 1)
+    harness.run_to_end()
+    rows = [row for batch in harness.committed() for row in batch.to_pylist()]
+    harness.close()
+    assert sorted((r["id"] or 0, r["v"], r["op"]) for r in rows) == [
+        (0, "b", "r"),
+        (1, "a", "r"),
+        (1, "a", "r"),
+    ]
+
+
+def keyless_refused(name: str, identity: str) -> str:
+    return (
+        f"option tables: table public.{name} has no primary key and replica identity "
+        f"{identity}: updates and deletes of a table without a primary key need REPLICA "
+        "IDENTITY FULL to be streamed (PostgreSQL refuses them on a published table without a "
+        f"replica identity, and the log needs the old row): run ALTER TABLE public.{name} "
+        "REPLICA IDENTITY FULL, or leave the table out, or use startupMode=snapshotOnly"
+    )
+
+
+@pytest.mark.parametrize("mode", ["initial", "latest"])
+@pytest.mark.parametrize("identity", ["default", "nothing"])
+def test_a_stream_of_a_table_without_primary_key_needs_replica_identity_full(
+    postgres: Postgres, name: str, mode: str, identity: str
+) -> None:
+    postgres.execute(f"CREATE TABLE {name} (id int, v text)")
+    postgres.execute(f"ALTER TABLE {name} REPLICA IDENTITY {identity}")
+    loaded = data_source(conninfo=postgres.conninfo(), tables=name, slotName=name, startupMode=mode)
     with pytest.raises(ConfigurationError) as caught:
-        data_source(conninfo=postgres.conninfo(), tables=name, slotName=name)
+        loaded.streamReader(None)  # Spark's query start
     assert caught.value.option == "tables"
-    message = str(caught.value)
-    assert message.startswith(f"option tables: table public.{name} has no primary key")
-    assert "add a primary key or leave the table out" in message
+    assert str(caught.value) == keyless_refused(name, identity)
+    with pytest.raises(SourceFailedError) as failed:  # the enumerator, without Spark
+        SourceHarness(load(postgres, tables=name, slotName=name, startupMode=mode), 1)
+    assert str(failed.value.__cause__) == keyless_refused(name, identity)
+    published = postgres.execute(
+        "SELECT count(*) FROM pg_publication_tables WHERE pubname = %s", (name,)
+    )
+    assert published == [(0,)], "refused before it was published (its updates would fail)"
+    postgres.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+    full = load(postgres, tables=name, slotName=name, startupMode=mode)
+    catalog.check_replica_identity(full.tables[f"public.{name}"])  # passes
+
+
+def chunk_key_refused(postgres: Postgres, name: str, chunk_key: str) -> str:
+    with pytest.raises(ConfigurationError) as caught:
+        data_source(
+            conninfo=postgres.conninfo(), tables=f"{name}*", slotName=name, chunkKeyColumn=chunk_key
+        )
+    assert caught.value.option == "chunkKeyColumn"
+    return str(caught.value)
+
+
+def test_chunk_key_column_of_a_table_not_read_is_named(postgres: Postgres, name: str) -> None:
+    postgres.execute(f"CREATE TABLE {name} (id int, v text)")
+    assert chunk_key_refused(postgres, name, f"{name}:id, other_{name}:id") == (
+        f"option chunkKeyColumn: table public.other_{name} is not one of the tables the query "
+        "reads (option tables)"
+    )
+
+
+def test_chunk_key_column_that_no_table_has_is_named(postgres: Postgres, name: str) -> None:
+    postgres.execute(f"CREATE TABLE {name} (id int, v text)")
+    assert chunk_key_refused(postgres, name, "nope") == (
+        f"option chunkKeyColumn: no table the query reads has a column nope (public.{name})"
+    )
+    assert chunk_key_refused(postgres, name, f"{name}:nope") == (
+        f"option chunkKeyColumn: column public.{name}.nope does not exist"
+    )
+
+
+def test_chunk_key_column_that_is_not_an_integer_is_named(postgres: Postgres, name: str) -> None:
+    postgres.execute(f"CREATE TABLE {name} (id int, v text)")
+    assert chunk_key_refused(postgres, name, "v") == (
+        f"option chunkKeyColumn: column public.{name}.v is text: chunks are cut by an integer "
+        "column (smallint, integer or bigint)"
+    )
+
+
+def test_chunk_key_column_outside_the_primary_key_is_named(postgres: Postgres, name: str) -> None:
+    postgres.execute(f"CREATE TABLE {name} (a int, b int, n int, PRIMARY KEY (a, b))")
+    postgres.execute(f"CREATE TABLE {name}_h (n int, v text)")  # without a key: n is fine
+    assert chunk_key_refused(postgres, name, "n") == (
+        f"option chunkKeyColumn: column public.{name}.n is not in the primary key of "
+        f"public.{name} (a, b): a table with a key is cut by one of its key columns, because a "
+        "delete carries only the key (name the tables a column applies to as table:column)"
+    )
+    source = data_source(
+        conninfo=postgres.conninfo(), tables=f"{name}*", chunkKeyColumn=f"{name}:b, {name}_h:n"
+    ).create_source()
+    assert [(t.name, t.chunk_key) for t in source.tables.values()] == [
+        (f"public.{name}", "b"),
+        (f"public.{name}_h", "n"),
+    ]
 
 
 def test_an_unsupported_column_type_names_table_and_column(postgres: Postgres, name: str) -> None:
@@ -357,10 +451,11 @@ def test_a_slot_dropped_under_the_log_is_data_loss(postgres: Postgres, name: str
     (log,) = [s for ss in harness.reader_splits().values() for s in ss if isinstance(s, LogSplit)]
     postgres.execute("SELECT pg_drop_replication_slot(%s)", (name,))
     postgres.execute(f"INSERT INTO {name} VALUES (2, 'b')")
-    with pytest.raises(ConnectorError) as caught:
+    with pytest.raises(DataLossError) as caught:
         harness.read_available()  # the reader
     assert str(caught.value) == (
-        f'option slotName: replication slot {name}: replication slot "{name}" does not exist'
+        f"replication slot {name} in {where(postgres)} is gone: the changes after LSN "
+        f"{format_lsn(log.position)} cannot be read"
     )
     with pytest.raises(SourceFailedError) as failed:  # the planner
         harness._await(harness.coordinator.latest_positions([log]))

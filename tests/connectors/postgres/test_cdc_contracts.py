@@ -77,6 +77,26 @@ class _CdcData:
     def expected_records(self) -> list[Any]:
         return list(self.written)
 
+    def change_upstream_between_reads(self) -> None:
+        """The application keeps writing: an update in every chunk, an insert at each end,
+        a delete, in both tables, each in its own transaction."""
+        n = next(_names)
+        a, b = f"{self.prefix}_a", f"{self.prefix}_b"
+        for statement in (
+            f"UPDATE {a} SET v = v || '+' WHERE id % 10 = {n % 10}",
+            f"INSERT INTO {a} VALUES ({1000 + n}, 'late'), ({-n}, 'early')",
+            f"DELETE FROM {a} WHERE id = {n % 60 + 1}",
+            f"UPDATE {b} SET v = v || '+' WHERE k = 'k1'",
+            f"INSERT INTO {b} VALUES ('late{n}', 'late')",
+            f"DELETE FROM {b} WHERE k = 'k{n % 7 + 1}'",
+        ):
+            self.pg.execute(statement)
+
+    def slice_rows(self, record: Any) -> list[Any]:
+        """Every column, the change's metadata (``op``, ``lsn``, ``commit_ts``) included."""
+        assert isinstance(record, pa.RecordBatch)
+        return list(zip(*record.to_pydict().values(), strict=True))
+
     def rows(self, record: Any) -> list[Any]:
         assert isinstance(record, pa.RecordBatch)
         data = record.to_pydict()

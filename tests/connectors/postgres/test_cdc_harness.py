@@ -36,7 +36,7 @@ def load(postgres: Postgres, **options: str) -> PostgresCdcSource:
     parsed = PostgresOptions.parse({"conninfo": postgres.conninfo(), **options})
     with catalog.connect(parsed, autocommit=True) as conn:
         names = catalog.list_tables(conn, parsed)
-        tables = [catalog.describe_table(conn, name) for name in names]
+        tables = [catalog.describe_table(conn, name, parsed) for name in names]
         row_bytes = catalog.row_bytes(conn, names)
     return PostgresCdcSource(parsed, tables, row_bytes)
 

@@ -171,6 +171,41 @@ def test_a_plain_name_matches_only_itself() -> None:
     assert not options.matches("other.orders")
 
 
+# -- chunkKeyColumn -------------------------------------------------------------------------------
+
+
+def test_chunk_key_column_is_one_name_for_every_table_or_table_column_entries() -> None:
+    assert parse().chunk_keys == ()
+    every = parse(chunkKeyColumn=" aid ")
+    assert every.chunk_keys == (("", "aid"),)
+    assert (every.chunk_key("public.a"), every.chunk_key("s.b")) == ("aid", "aid")
+    named = parse(chunkKeyColumn="history:aid, sales.items : item_id")
+    assert named.chunk_keys == (("public.history", "aid"), ("sales.items", "item_id"))
+    assert named.chunk_key("public.history") == "aid"
+    assert named.chunk_key("sales.items") == "item_id"
+    assert named.chunk_key("public.items") is None
+
+
+@pytest.mark.parametrize("bad", ["aid, history:bid", "aid,bid", "history:", ":aid"])
+def test_chunk_key_column_that_mixes_forms_or_lacks_a_part_is_refused(bad: str) -> None:
+    message = refused("chunkKeyColumn", tables="t", slotName="s1", chunkKeyColumn=bad)
+    assert message.startswith("option chunkKeyColumn: ")
+    assert message.endswith(
+        "is not table:column; give one column name for every table, or comma-separated "
+        "table:column entries"
+    )
+
+
+def test_chunk_key_column_that_names_a_table_twice_is_refused() -> None:
+    message = refused("chunkKeyColumn", tables="t", chunkKeyColumn="t:a, public.t:b")
+    assert message == "option chunkKeyColumn names table public.t twice"
+
+
+def test_chunk_key_column_with_a_bad_table_name_is_refused() -> None:
+    message = refused("chunkKeyColumn", tables="t", chunkKeyColumn="a.b.c:id")
+    assert message == "option chunkKeyColumn: 'a.b.c' is not a schema.table name or pattern"
+
+
 # -- the connection -------------------------------------------------------------------------------
 
 
@@ -260,7 +295,7 @@ def test_the_password_is_not_in_the_options_repr_nor_the_sources(given: dict[str
     assert SECRET in options.conninfo  # it is there, to connect with
     assert SECRET not in shown(options)
     assert "password" not in shown(options)
-    source = PostgresCdcSource(options, [Table("public.orders", (), ("id",), "int4")])
+    source = PostgresCdcSource(options, [Table("public.orders", (), ("id",), "id")])
     assert SECRET not in shown(source)
     assert shown(source).startswith("PostgresCdcSource(PostgresOptions(where=")
 

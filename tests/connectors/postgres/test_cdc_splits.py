@@ -50,3 +50,22 @@ def test_a_key_no_watermark_covers_is_an_error_not_a_guess() -> None:
     expected = r"no chunk watermark of table public\.t covers key 10"
     with pytest.raises(ConnectorError, match=expected):
         only_upper.already_read("public.t", 10, 50, 900)
+
+
+def test_a_null_chunk_key_is_judged_by_the_first_chunk() -> None:
+    """The first chunk's rows include those whose chunk key is NULL (a table without a
+    primary key cut by option chunkKeyColumn)."""
+    low = mark(100, 100, split_id="t#0", lo=None, hi=500, high=1000)
+    high = mark(200, 200, split_id="t#1", lo=500, hi=None, high=2000)
+    chunks = ChunkFilter([high, low])
+    assert chunks.already_read("public.t", None, 90, 900) is True  # chunk 0 saw 90
+    assert chunks.already_read("public.t", None, 150, 900) is False  # chunk 0 did not see 150
+    one = ChunkFilter([mark(100, 100)])  # a table read as one chunk: any key, or none
+    assert one.already_read("public.t", None, 90, 900) is True
+    assert one.already_read("public.t", 7, 90, 900) is True
+
+
+def test_a_null_key_without_the_first_chunks_watermark_is_an_error() -> None:
+    only_upper = ChunkFilter([mark(100, 100, lo=500, hi=None)])
+    with pytest.raises(ConnectorError, match=r"covers key NULL \(the nearest is chunk t#0\)"):
+        only_upper.already_read("public.t", None, 50, 900)

@@ -8,6 +8,7 @@ slot, the publication) and never the password.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,17 +56,22 @@ def quoted(table: str) -> sql.Composed:
 
 @dataclass(frozen=True)
 class Table:
-    """A table the source reads: its columns (name, type), in order, and its primary key."""
+    """A table the source reads: its columns (name, type) in order, the columns that identify
+    a row in the log, the column its chunks are cut by, and its replica identity.
+
+    ``key``: the primary key; for a table without one, the columns of its ``REPLICA IDENTITY
+    USING INDEX`` index; otherwise empty: a row is known only by all its values, and the log
+    needs ``REPLICA IDENTITY FULL`` (:func:`check_replica_identity`).
+    ``chunk_key``: the integer column :func:`cut` cuts by; empty: the table is one chunk.
+    ``replica_identity``: ``pg_class.relreplident``: ``d`` default, ``f`` full, ``i`` using
+    an index, ``n`` nothing.
+    """
 
     name: str
     columns: tuple[tuple[str, ColumnType], ...]
     key: tuple[str, ...]
-    key_type: str
-
-    @property
-    def cuttable(self) -> bool:
-        """Whether chunks are key ranges (one integer key column) or the whole table."""
-        return len(self.key) == 1 and self.key_type in INTEGER_KEYS
+    chunk_key: str = ""
+    replica_identity: str = "d"
 
 
 def check_logical(conn: psycopg.Connection[Any], where: str) -> None:
@@ -79,8 +85,11 @@ def check_logical(conn: psycopg.Connection[Any], where: str) -> None:
 
 
 def list_tables(conn: psycopg.Connection[Any], options: PostgresOptions) -> list[str]:
-    """The tables ``options.tables`` names or matches, sorted. A named table that does not
-    exist is a ConfigurationError."""
+    """The tables ``options.tables`` names or matches, sorted.
+
+    A named table that does not exist is a ConfigurationError, and so is an option
+    ``chunkKeyColumn`` that names a table not among them, or a column none of them has.
+    """
     rows = conn.execute(
         "SELECT n.nspname || '.' || c.relname FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -94,40 +103,117 @@ def list_tables(conn: psycopg.Connection[Any], options: PostgresOptions) -> list
                 "role cannot see it)",
                 option="tables",
             )
+    for table, column in options.chunk_keys:
+        if table and table not in names:
+            raise ConfigurationError(
+                f"option chunkKeyColumn: table {table} is not one of the tables the query "
+                "reads (option tables)",
+                option="chunkKeyColumn",
+            )
+        if not table and names and not _has_column(conn, names, column):
+            raise ConfigurationError(
+                f"option chunkKeyColumn: no table the query reads has a column {column} "
+                f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})",
+                option="chunkKeyColumn",
+            )
     return names
 
 
-def describe_table(conn: psycopg.Connection[Any], table: str) -> Table:
-    """Columns and primary key of ``table``; a table without a primary key is refused."""
+def _has_column(conn: psycopg.Connection[Any], tables: list[str], column: str) -> bool:
+    found = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = ANY(%s::regclass[]) AND attname = %s "
+        "AND attnum > 0 AND NOT attisdropped LIMIT 1",
+        ([quoted(t).as_string(conn) for t in tables], column),
+    ).fetchone()
+    return found is not None
+
+
+def describe_table(
+    conn: psycopg.Connection[Any], table: str, options: PostgresOptions | None = None
+) -> Table:
+    """Columns, key, chunk key and replica identity of ``table`` (see :class:`Table`).
+
+    The chunk key is the column option ``chunkKeyColumn`` names for the table (``options``;
+    None: no option), else a key of one integer column, else none. A named column must
+    exist, be an integer column and, in a table with a key, be one of the key's columns (a
+    delete carries only the key); otherwise a ConfigurationError names it.
+    """
+    regclass = quoted(table).as_string(conn)
     rows = conn.execute(
         "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), "
-        "  t.typname, coalesce(a.attnum = ANY(i.indkey), false) "
+        "  t.typname "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-        "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
         "ORDER BY a.attnum",
-        (str(quoted(table).as_string(conn)),),
+        (regclass,),
     ).fetchall()
-    key_order = conn.execute(
-        "SELECT a.attname, t.typname FROM pg_index i "
+    key_rows = conn.execute(  # the primary key, else the replica identity's index
+        "SELECT a.attname, i.indisprimary FROM pg_index i "
         "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-        "JOIN pg_type t ON t.oid = a.atttypid "
-        "WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY k.n",
-        (str(quoted(table).as_string(conn)),),
+        "WHERE i.indexrelid = (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass "
+        "  AND (indisprimary OR indisreplident) ORDER BY indisprimary DESC LIMIT 1) "
+        "ORDER BY k.n",
+        (regclass,),
     ).fetchall()
-    if not key_order:
-        raise ConfigurationError(
-            f"option tables: table {table} has no primary key; change data capture needs one "
-            "(to cut the snapshot into chunks and to key updates and deletes): add a primary "
-            "key or leave the table out",
-            option="tables",
-        )
+    identity = conn.execute(
+        "SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (regclass,)
+    ).fetchone()
     columns = tuple(
         (name, TypeMapping.for_column(table, name, oid, typmod, type_name))
-        for name, oid, typmod, type_name, _, _ in rows
+        for name, oid, typmod, type_name, _ in rows
     )
-    return Table(table, columns, tuple(r[0] for r in key_order), key_order[0][1])
+    types = {r[0]: r[4] for r in rows}
+    key = tuple(r[0] for r in key_rows)
+    key_name = "primary key" if key_rows and key_rows[0][1] else "replica identity index"
+    chunk_key = key[0] if len(key) == 1 and types[key[0]] in INTEGER_KEYS else ""
+    named = options.chunk_key(table) if options is not None else None
+    explicit = options is not None and (table, named) in options.chunk_keys
+    if named is not None and (named in types or explicit):  # a bare name: tables that have it
+        where = f"option chunkKeyColumn: column {table}.{named}"
+        if named not in types:
+            raise ConfigurationError(f"{where} does not exist", option="chunkKeyColumn")
+        if types[named] not in INTEGER_KEYS:
+            raise ConfigurationError(
+                f"{where} is {types[named]}: chunks are cut by an integer column (smallint, "
+                "integer or bigint)",
+                option="chunkKeyColumn",
+            )
+        if key and named not in key:
+            raise ConfigurationError(
+                f"{where} is not in the {key_name} of {table} ({', '.join(key)}): a table "
+                "with a key is cut by one of its key columns, because a delete carries only "
+                "the key (name the tables a column applies to as table:column)",
+                option="chunkKeyColumn",
+            )
+        chunk_key = named
+    return Table(table, columns, key, chunk_key, str(identity[0]) if identity else "d")
+
+
+def check_replica_identity(table: Table) -> None:
+    """Refuse to stream a table without a key unless its replica identity is FULL.
+
+    PostgreSQL refuses ``UPDATE`` and ``DELETE`` on a published table that has no replica
+    identity (which would break the application writing it), and the log needs the whole
+    old row to say which row an update or a delete changed. Called before the table joins
+    the publication, for streams only: a snapshot needs nothing.
+    """
+    if table.key or table.replica_identity == "f":
+        return
+    name = ".".join(p if _PLAIN.fullmatch(p) else f'"{p}"' for p in table.name.split(".", 1))
+    raise ConfigurationError(
+        f"option tables: table {table.name} has no primary key and replica identity "
+        f"{_IDENTITIES.get(table.replica_identity, table.replica_identity)}: updates and "
+        "deletes of a table without a primary key need REPLICA IDENTITY FULL to be streamed "
+        "(PostgreSQL refuses them on a published table without a replica identity, and the "
+        f"log needs the old row): run ALTER TABLE {name} REPLICA IDENTITY FULL, or leave "
+        "the table out, or use startupMode=snapshotOnly",
+        option="tables",
+    )
+
+
+_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+_IDENTITIES = {"d": "default", "n": "nothing", "i": "using an index that no longer exists"}
 
 
 def ensure_publication(
@@ -200,23 +286,25 @@ def ensure_slot(conn: psycopg.Connection[Any], options: PostgresOptions) -> int:
 def cut(conn: psycopg.Connection[Any], table: Table, chunk_size: int) -> list[ChunkSplit]:
     """``table`` cut into chunks of about ``chunk_size`` rows.
 
-    One integer key column: ranges of key values, even when the keys are dense and found by
-    stepping through them in key order when they are sparse; the first and last chunks are
-    open, so a key inserted beyond the range known now still belongs to exactly one chunk.
-    Any other key: the whole table is one chunk.
+    With a chunk key (:attr:`Table.chunk_key`, an integer column): ranges of its values, even
+    when the values are dense and found by stepping through them in order when they are
+    sparse. The first and last chunks are open, so a value inserted beyond the range known
+    now still belongs to exactly one chunk, and the first also holds the rows whose chunk
+    key is NULL (:func:`chunk_condition`): every row is in exactly one chunk. Without a
+    chunk key the whole table is one chunk.
     """
-    if not table.cuttable:
+    if not table.chunk_key:
         return [ChunkSplit(table.name, 0)]
-    key = table.key[0]
-    low, high, rows = conn.execute(
-        sql.SQL("SELECT min({k}), max({k}), count(*) FROM {t}").format(
+    key = table.chunk_key
+    low, high, values, rows = conn.execute(
+        sql.SQL("SELECT min({k}), max({k}), count({k}), count(*) FROM {t}").format(
             k=sql.Identifier(key), t=quoted(table.name)
         )
-    ).fetchone() or (None, None, 0)
+    ).fetchone() or (None, None, 0, 0)
     if low is None or high is None or rows <= chunk_size:
         return [ChunkSplit(table.name, 0, key)]
     bounds: list[int] = []
-    spread = (high - low + 1) / rows
+    spread = (high - low + 1) / values
     if spread <= SPARSE:
         step = max(1, math.ceil(chunk_size * spread))
         bounds = list(range(low + step, high + 1, step))
@@ -233,6 +321,29 @@ def cut(conn: psycopg.Connection[Any], table: Table, chunk_size: int) -> list[Ch
             bounds.append(at)
     edges: list[int | None] = [None, *bounds, None]
     return [ChunkSplit(table.name, i, key, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def chunk_condition(split: ChunkSplit) -> str:
+    """The SQL condition that selects ``split``'s rows, empty for a whole table.
+
+    ``lo <= key < hi`` with open ends left out; the first chunk (``lo`` None) of a cut table
+    also takes the rows whose key is NULL, which no range holds:
+
+    >>> chunk_condition(ChunkSplit("public.t", 0, "aid", None, 100))
+    '("aid" < 100 OR "aid" IS NULL)'
+    >>> chunk_condition(ChunkSplit("public.t", 1, "aid", 100, 200))
+    '"aid" >= 100 AND "aid" < 200'
+    """
+    if not split.key:
+        return ""
+    key = sql.Identifier(split.key).as_string()
+    conditions = []
+    if split.lo is not None:
+        conditions.append(f"{key} >= {int(split.lo)}")
+    if split.hi is not None:
+        upper = f"{key} < {int(split.hi)}"
+        conditions.append(upper if split.lo is not None else f"({upper} OR {key} IS NULL)")
+    return " AND ".join(conditions)
 
 
 def row_bytes(conn: psycopg.Connection[Any], tables: list[str]) -> dict[str, int]:

@@ -15,6 +15,9 @@ option                 default       meaning
 ``startupMode``        initial       ``initial``: snapshot, then the log; ``latest``: the log
                                      from now on; ``snapshotOnly``: the snapshot, bounded
 ``chunkSize``          8096          rows per snapshot chunk
+``chunkKeyColumn``     (none)        the integer column chunks are cut by: one name for every
+                                     table that has it, or ``table:column,...``; for a table
+                                     with a primary key, one of its key columns
 ``maxChunksPerBatch``  (all)         at most this many chunks read per micro-batch (smaller
                                      batches: a restart re-reads less)
 ``slotName``           (required)    logical replication slot of the query (created if
@@ -47,6 +50,7 @@ OPTIONS = (
     "tables",
     "startupMode",
     "chunkSize",
+    "chunkKeyColumn",
     "maxChunksPerBatch",
     "slotName",
     "publicationName",
@@ -65,6 +69,8 @@ class PostgresOptions:
     tables: tuple[str, ...]
     mode: str = "initial"
     chunk_size: int = 8096
+    chunk_keys: tuple[tuple[str, str], ...] = ()
+    """``chunkKeyColumn`` as ``(table, column)`` pairs; table ``""``: every table."""
     chunks_per_batch: int | None = None
     slot: str = ""
     publication: str = ""
@@ -138,6 +144,7 @@ class PostgresOptions:
             tables=tables,
             mode=mode,
             chunk_size=parse_positive_int("chunkSize", get("chunksize") or "8096"),
+            chunk_keys=_chunk_keys(get("chunkkeycolumn") or ""),
             chunks_per_batch=(
                 None
                 if get("maxchunksperbatch") is None
@@ -160,18 +167,45 @@ class PostgresOptions:
                 option="slotName",
             )
 
+    def chunk_key(self, table: str) -> str | None:
+        """The column option ``chunkKeyColumn`` names for ``schema.table`` (None: none)."""
+        return next((c for t, c in self.chunk_keys if t in ("", table)), None)
+
     def matches(self, table: str) -> bool:
         """Whether ``schema.table`` is one of :attr:`tables` or matches one's pattern."""
         return any(fnmatch.fnmatchcase(table, pattern) for pattern in self.tables)
 
 
-def _table(text: str) -> str:
+def _table(text: str, option: str = "tables") -> str:
     name = text.strip()
     if "." not in name:
         name = f"public.{name}"
     if name.count(".") != 1 or not all(name.split(".")):
         raise ConfigurationError(
-            f"option tables: {text.strip()!r} is not a schema.table name or pattern",
-            option="tables",
+            f"option {option}: {text.strip()!r} is not a schema.table name or pattern",
+            option=option,
         )
     return name
+
+
+def _chunk_keys(text: str) -> tuple[tuple[str, str], ...]:
+    """``chunkKeyColumn``: one bare column name, or ``table:column`` entries (one per table)."""
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if len(entries) == 1 and ":" not in entries[0]:
+        return (("", entries[0]),)
+    keys: dict[str, str] = {}
+    for entry in entries:
+        table, _, column = entry.rpartition(":")
+        if not table.strip() or not column.strip():
+            raise ConfigurationError(
+                f"option chunkKeyColumn: {entry!r} is not table:column; give one column name "
+                "for every table, or comma-separated table:column entries",
+                option="chunkKeyColumn",
+            )
+        name = _table(table, "chunkKeyColumn")
+        if name in keys:
+            raise ConfigurationError(
+                f"option chunkKeyColumn names table {name} twice", option="chunkKeyColumn"
+            )
+        keys[name] = column.strip()
+    return tuple(keys.items())

@@ -1,12 +1,15 @@
 """The CDC source's reader: chunk splits read in one snapshot each, the log split from the
 slot with the SQL functions of logical decoding.
 
-**Chunks.** A chunk is read in one ``REPEATABLE READ`` transaction: its snapshot (``xmin``,
-``xmax``, transactions in progress) and the WAL insert position come from the first
-statement, the rows straight into Arrow from the ADBC driver (:mod:`.snapshot`), and the
-insert position after the rows is the chunk's ``high`` mark. The rows (``op = 'r'``,
-``lsn`` = the position at the snapshot) and the :class:`~.splits.ChunkReadEvent` leave the
-reader together, as one element, so a checkpoint never splits a chunk.
+**Chunks.** A chunk is read in one ``REPEATABLE READ READ ONLY`` transaction. On Spark it
+imports the snapshot the driver pinned for the batch (:mod:`.pinning`): every read of the
+batch, in any task or attempt, sees the same rows, and the chunk's watermark is the pinned
+snapshot's (``xmin``, ``xmax``, transactions in progress, and the WAL insert position read
+after it was taken, which is also the ``lsn`` of the ``r`` rows). Without a pin (a batch
+read, the test harness) the transaction's first statement takes a snapshot of its own and
+the insert position after the rows is the ``high`` mark. The rows come straight into Arrow
+from the ADBC driver (:mod:`.snapshot`); they and the :class:`~.splits.ChunkReadEvent` leave
+the reader together, as one element, so a checkpoint never splits a chunk.
 
 **The log.** The slice ``[a, b)`` of the log split is every transaction whose commit record
 starts at an LSN in it. ``pg_logical_slot_peek_binary_changes(slot, b, ...)`` decodes the
@@ -17,25 +20,35 @@ reader makes sure the WAL is flushed up to the insert position it sees (everythi
 started before ``b`` ended before it), committing an empty transaction when something is
 not, so a commit that started before ``b`` is never missed for not being on disk yet. A
 change is left out when its chunk's snapshot already held it (:class:`~.splits.ChunkFilter`).
+A slice streams through the task: the peek's rows come through a server-side cursor on the
+log's own connection, and each fetch returns one piece of whole transactions (about
+:data:`ROWS_PER_BATCH` rows or :data:`PIECE_BYTES` bytes), so the task holds one piece, not
+the slice, however large the slice was planned (:meth:`LogDecoder.read`).
 
 Values come from pgoutput in text form and go through the same type mapping as the
-snapshot's rows (:mod:`.types`). A change is keyed by the table's primary key (pgoutput's
-key flags mark the replica identity instead). An unchanged TOASTed value (a large value an
-``UPDATE`` did not touch) comes as null, or from the old row under ``REPLICA IDENTITY FULL``.
+snapshot's rows (:mod:`.types`). A change is keyed by the table's key (:class:`~.catalog.Table`;
+pgoutput's key flags mark the replica identity instead). An update that changes the key, or
+of a table without one (its old row is its identity, under ``REPLICA IDENTITY FULL``), comes
+as a delete of the old row and an insert of the new one. An unchanged TOASTed value (a large
+value an ``UPDATE`` did not touch) comes as null, or from the old row under ``REPLICA
+IDENTITY FULL``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from splitflow.api.events import SourceEvent
 from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.split import SplitState
 from splitflow.connectors.postgres import catalog, pgoutput, snapshot
+from splitflow.connectors.postgres.pgoutput import format_lsn
+from splitflow.connectors.postgres.pinning import BatchSnapshot, parse_snapshot
 from splitflow.connectors.postgres.splits import (
     CdcSplit,
     ChunkFilter,
@@ -46,7 +59,7 @@ from splitflow.connectors.postgres.splits import (
     mark_of,
 )
 from splitflow.connectors.postgres.types import METADATA, ColumnType, to_arrow
-from splitflow.errors import ConnectorError
+from splitflow.errors import ConnectorError, DataLossError
 from splitflow.reader.base import SourceReaderBase
 from splitflow.reader.emitter import RecordEmitter
 from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSlice
@@ -54,7 +67,26 @@ from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSli
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
 
+REWRITTEN = (
+    "SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c "
+    "WHERE c.relkind = 'r' AND c.relfilenode <> pg_relation_filenode(c.oid) AND (c.oid = "
+    "{table}::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree({table}::regclass)))"
+)
+"""The tables of a chunk's scan whose storage was replaced since the transaction's snapshot
+(``pg_class`` read in the snapshot, the file in use now). ``TRUNCATE`` and the
+table-rewriting ``ALTER TABLE`` are not MVCC-safe: a snapshot older than them reads the
+new, empty storage. Run after the scan, whose lock holds off any further rewrite."""
+
 ROWS_PER_BATCH = 8192
+"""A log piece is cut after the first commit that brings it to this many rows ..."""
+PIECE_BYTES = 4 * 1024 * 1024
+"""... or to this many bytes of pgoutput messages (wide rows, large values)."""
+FETCH_BYTES = 1024 * 1024
+"""About how many bytes of the slot's messages one fetch from the log's cursor brings."""
+FETCH_ROWS = 2000
+"""At most this many messages per fetch from the log's cursor."""
+_CHANGES = frozenset(b"IUD")
+"""pgoutput's insert, update and delete message types."""
 
 
 class Piece(NamedTuple):
@@ -64,6 +96,14 @@ class Piece(NamedTuple):
     batches: list[pa.RecordBatch]
     next_position: int
     mark: ChunkMark | None = None
+
+
+class LogRead(NamedTuple):
+    """A log slice being read: its pieces (:meth:`LogDecoder.read`), taken one per fetch,
+    and where it stops."""
+
+    pieces: Generator[Piece, None, None]
+    stop: int
 
 
 class CdcEmitter(RecordEmitter[Piece, pa.RecordBatch, CdcSplit]):
@@ -127,21 +167,26 @@ class OutputSchema:
 
 
 class CdcSplitReader(SplitReader[Piece, CdcSplit]):
-    """Reads chunk and log slices (see the module doc). One connection per split reader."""
+    """Reads chunk and log slices (see the module doc). One catalog connection per split
+    reader, plus the chunks' (ADBC) and the log's own."""
 
-    def __init__(self, source: PostgresCdcSource) -> None:
+    def __init__(self, source: PostgresCdcSource, pinned: Pinned) -> None:
         self._source = source
         self._options = source.options
+        self._pinned = pinned  # the batch's snapshot, when the runtime pins one
         self._schema = OutputSchema(source.columns())
         self._slices: dict[str, SplitSlice[CdcSplit]] = {}
         self._log_at: dict[str, int] = {}  # how far each log split has been read
+        self._log_reads: dict[str, LogRead] = {}  # slices being read, a piece per fetch
         self._wal_sizes: tuple[int, int] | None = None  # WAL page and segment size
         self._adbc: Any = None  # chunk reads (ADBC); the log and the catalog use psycopg
         self._conn: psycopg.Connection[Any] | None = None
+        self._log_conn: psycopg.Connection[Any] | None = None  # the log's open cursor
 
     def _connection(self) -> psycopg.Connection[Any]:
-        """Autocommit, so catalog reads hold no transaction; each chunk read and each peek
-        is one explicit ``REPEATABLE READ READ ONLY`` transaction."""
+        """Autocommit, so catalog reads hold no transaction (the log's peeks run on
+        :meth:`_log_connection`, each one explicit ``REPEATABLE READ READ ONLY``
+        transaction)."""
         if self._conn is None or self._conn.closed:
             self._conn = catalog.connect(self._options, autocommit=True)
             self._conn.execute("SET synchronous_commit = on")  # see _read_log
@@ -149,19 +194,33 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             self._conn.read_only = True
         return self._conn
 
+    def _log_connection(self) -> psycopg.Connection[Any]:
+        """The log's own: a slice's cursor keeps its transaction open on it from one fetch
+        to the next, while catalog reads (a table's description, met while decoding) and
+        chunk reads go on on the others."""
+        if self._log_conn is None or self._log_conn.closed:
+            self._log_conn = catalog.connect(self._options, autocommit=True)
+            self._log_conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            self._log_conn.read_only = True
+        return self._log_conn
+
     def handle_splits_changes(self, added: Sequence[SplitSlice[CdcSplit]]) -> None:
+        for piece in added:
+            self._end_log_read(piece.split_id)  # defensive: a split is not added twice
         self._slices.update((piece.split_id, piece) for piece in added)
 
     def remove_splits(self, split_ids: Sequence[str]) -> None:
         for split_id in split_ids:
             self._slices.pop(split_id, None)
             self._log_at.pop(split_id, None)
+            self._end_log_read(split_id)
 
     def wake_up(self) -> None:
         pass  # every fetch returns after one bounded read
 
     def fetch(self) -> RecordsBySplits[Piece]:
-        """One chunk (so its rows go out before the next is read), or the log once."""
+        """One chunk (so its rows go out before the next is read), and one piece of the
+        log's slice (:meth:`_read_log`)."""
         out: RecordsBySplits[Piece] = RecordsBySplits()
         chunks = [p for p in self._slices.values() if isinstance(p.split, ChunkSplit)]
         logs = [p for p in self._slices.values() if isinstance(p.split, LogSplit)]
@@ -189,38 +248,68 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         names = [name for name, _ in table.columns]
         query = f"SELECT {snapshot.select_list(table.columns)} FROM "
         query += catalog.quoted(split.table).as_string()
-        key = sql.Identifier(split.key).as_string() if split.key else None
-        conditions = []
-        if key is not None and split.lo is not None:
-            conditions.append(f"{key} >= {int(split.lo)}")
-        if key is not None and split.hi is not None:
-            conditions.append(f"{key} < {int(split.hi)}")
-        if conditions:
-            query += " WHERE " + " AND ".join(conditions)
+        condition = catalog.chunk_condition(split)
+        if condition:
+            query += " WHERE " + condition
         if self._adbc is None:
             self._adbc = snapshot.connect(self._options.conninfo, self._options.where)
         conn = self._adbc
+        pinned = self._pinned.snapshot
         try:
             with conn.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                cursor.execute(
-                    "SELECT pg_current_snapshot()::text, "
-                    "pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
-                )
-                snapshot_text, at = cursor.fetchone()
+                if pinned is not None:
+                    name = pinned.snapshot_id.replace("'", "''")
+                    cursor.execute(f"SET TRANSACTION SNAPSHOT '{name}'")
+                    at = high = pinned.at
+                    xmin, xmax, xip = pinned.xmin, pinned.xmax, pinned.xip
+                else:  # no runtime pins (a batch read, the harness): a snapshot of its own
+                    cursor.execute(
+                        "SELECT pg_current_snapshot()::text, "
+                        "pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+                    )
+                    snapshot_text, at = cursor.fetchone()
+                    xmin, xmax, xip = parse_snapshot(snapshot_text)
+                cursor.execute("SET LOCAL synchronize_seqscans = off")  # rows in one order
                 cursor.execute(query)
                 rows = cursor.fetch_arrow_table()
-                cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
-                (high,) = cursor.fetchone()
+                cursor.execute(
+                    REWRITTEN.format(
+                        table=sql.Literal(catalog.quoted(split.table).as_string()).as_string()
+                    )
+                )
+                (rewritten,) = cursor.fetchone()
+                if pinned is None:
+                    cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+                    (high,) = cursor.fetchone()
         except Exception as e:
             if getattr(e, "sqlstate", None) == "42P01":
                 raise ConnectorError(
                     f"chunk {split.split_id}: table {split.table} no longer exists"
                 ) from None
+            if pinned is not None and getattr(e, "sqlstate", None) == "22023":
+                raise ConnectorError(
+                    f"chunk {split.split_id}: {pinned.where} is gone (the driver's transaction "
+                    f"that holds it in {self._options.where} ended before the batch did): the "
+                    "chunk is read only in its batch's snapshot, so that every read of the "
+                    "batch returns the same rows; restart the query, which reads the batch "
+                    "again under a new snapshot"
+                ) from None
             raise
         finally:
             conn.rollback()  # read only: nothing to commit; the next chunk starts afresh
-        xmin, xmax, xip = _snapshot(snapshot_text)
+        if rewritten:
+            raise ConnectorError(
+                f"chunk {split.split_id}: table {rewritten} was truncated or rewritten (TRUNCATE "
+                "or an ALTER TABLE that rewrites it) after "
+                + ("the chunk's snapshot" if pinned is None else pinned.where)
+                + " was taken, so the chunk's rows are no longer readable in it: "
+                + (
+                    "the task is retried under a new snapshot"
+                    if pinned is None
+                    else "restart the query, which reads the batch again under a new snapshot"
+                )
+            )
         columns = snapshot.to_columns(rows, table.columns, f"chunk {split.split_id}")
         batches = self._schema.batches(
             split.table, names, columns, rows.num_rows, "r", int(at), None
@@ -233,34 +322,81 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
     # -- the log -------------------------------------------------------------------------------
 
     def _read_log(self, piece: SplitSlice[LogSplit], out: RecordsBySplits[Piece]) -> None:
+        """The next piece of the log split's slice. The first fetch of a slice starts its
+        read (:meth:`LogDecoder.read`); each fetch takes one piece; the last piece, at the
+        slice's stop, ends the read and finishes a planned slice. Without a planned stop
+        (the harness), each slice reads up to the insert position at its start."""
         split = piece.split
-        start = self._log_at.get(split.split_id, split.position)
-        if piece.stop is not None and piece.stop <= start:
-            out.mark_finished(split.split_id)
-            return
-        conn = self._connection()
-        insert = _lsn(conn, "pg_current_wal_insert_lsn()")
-        stop = insert if piece.stop is None else piece.stop
-        if stop <= start:
-            return
-        if _lsn(conn, "pg_current_wal_flush_lsn()") < self._written_to(conn, insert):
-            # WAL that no commit flushed yet (a standby snapshot record, an asynchronous
-            # commit): flush it with an empty transaction's synchronous commit, so that every
-            # commit record that starts before the stop is on disk and decodable.
-            conn.execute("SELECT txid_current()")
-        marks = [mark_of(m) for m in split.marks]
-        pieces = LogDecoder(self._schema, marks, self._key_of).read(
-            conn, self._options.slot, self._options.publication, start, stop
-        )
-        self._log_at[split.split_id] = stop
-        out.add_all(split.split_id, pieces)
-        if piece.stop is not None:
-            out.mark_finished(split.split_id)
+        reading = self._log_reads.get(split.split_id)
+        if reading is None:
+            start = self._log_at.get(split.split_id, split.position)
+            if piece.stop is not None and piece.stop <= start:
+                out.mark_finished(split.split_id)
+                return
+            conn = self._connection()
+            insert = _lsn(conn, "pg_current_wal_insert_lsn()")
+            stop = insert if piece.stop is None else piece.stop
+            if stop <= start:
+                return
+            if _lsn(conn, "pg_current_wal_flush_lsn()") < self._written_to(conn, insert):
+                # WAL that no commit flushed yet (a standby snapshot record, an asynchronous
+                # commit): flush it with an empty transaction's synchronous commit, so that
+                # every commit record that starts before the stop is on disk and decodable.
+                conn.execute("SELECT txid_current()")
+            self._check_slot(conn, split, start)
+            marks = [mark_of(m) for m in split.marks]
+            pieces = LogDecoder(self._schema, marks, self._table_of).read(
+                self._log_connection(), self._options.slot, self._options.publication, start, stop
+            )
+            reading = self._log_reads[split.split_id] = LogRead(pieces, stop)
+        element = next(reading.pieces)
+        out.add(split.split_id, element)
+        if element.next_position >= reading.stop:  # the last piece
+            self._end_log_read(split.split_id)
+            self._log_at[split.split_id] = reading.stop
+            if piece.stop is not None:
+                out.mark_finished(split.split_id)
 
-    def _key_of(self, table: str) -> Sequence[str]:
-        """The primary key columns of ``table`` (a table found later: from the server)."""
-        known = self._source.tables.get(table)
-        return (known or self._source.table(table, self._connection())).key
+    def _check_slot(self, conn: psycopg.Connection[Any], split: LogSplit, start: int) -> None:
+        """The slot still holds the slice from ``start``: a peek starts at the slot's
+        confirmed position, so one past ``start`` (advanced by another client between two
+        reads of the slice, as this query's driver never does) would silently skip the
+        changes between."""
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (self._options.slot,),
+        ).fetchone()
+        confirmed = None if row is None or row[0] is None else int(row[0])
+        slot = f"replication slot {self._options.slot} in {self._options.where}"
+        if confirmed is None:
+            raise DataLossError(
+                f"{slot} is gone: the changes after LSN {format_lsn(start)} cannot be read",
+                split_id=split.split_id,
+            )
+        if confirmed > start:
+            raise DataLossError(
+                f"{slot} has confirmed LSN {format_lsn(confirmed)}, past this slice's start "
+                f"{format_lsn(start)}: another reader consumed the changes between",
+                split_id=split.split_id,
+            )
+
+    def _end_log_read(self, split_id: str) -> None:
+        """Forget the split's slice read, if any. One that has not reached its last piece
+        closes its cursor and rolls its transaction back; if the connection broke, closing
+        it ends the transaction on the server as well."""
+        reading = self._log_reads.pop(split_id, None)
+        if reading is None:
+            return
+        try:
+            reading.pieces.close()
+        except psycopg.Error:
+            if self._log_conn is not None:
+                self._log_conn.close()
+
+    def _table_of(self, table: str) -> catalog.Table:
+        """The description of ``table`` (a table found later: from the server)."""
+        return self._source.table(table, self._connection())
 
     def _written_to(self, conn: psycopg.Connection[Any], insert: int) -> int:
         """Where the last WAL record before the insert position ``insert`` ends.
@@ -283,6 +419,11 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         return insert - within if within <= header else insert
 
     def close(self) -> None:
+        for split_id in list(self._log_reads):
+            self._end_log_read(split_id)
+        if self._log_conn is not None:
+            self._log_conn.close()
+            self._log_conn = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -299,49 +440,78 @@ class LogDecoder:
         self,
         schema: OutputSchema,
         marks: Sequence[ChunkMark],
-        key_of: Callable[[str], Sequence[str]],
+        table_of: Callable[[str], catalog.Table],
     ) -> None:
         self._schema = schema
-        self._key_of = key_of  # table -> its primary key columns
+        self._table_of = table_of  # table -> its key and chunk key
         self._filter = ChunkFilter(marks)
         self._relations: dict[int, pgoutput.Relation] = {}
         self._converters: dict[int, list[ColumnType]] = {}
 
     def read(
         self, conn: psycopg.Connection[Any], slot: str, publication: str, start: int, stop: int
-    ) -> list[Piece]:
-        pieces: list[Piece] = []
+    ) -> Generator[Piece, None, None]:
+        """The slice ``[start, stop)``, lazily, as pieces of whole transactions.
+
+        The peek runs when the first piece is asked for (the server decodes the slot's
+        changes up to the first commit at or past ``stop`` into its own work space, spilling
+        to disk). Its rows come through a server-side cursor, about :data:`FETCH_BYTES` per
+        fetch, and a piece is cut after the first commit that brings it to
+        :data:`ROWS_PER_BATCH` rows or :data:`PIECE_BYTES` bytes of messages. Each piece but
+        the last moves the position to just after its last commit (``commit_lsn + 1``, below
+        ``stop``); the last one, perhaps empty, moves it to ``stop``. So memory holds one
+        piece and one fetch, not the slice. A transaction is never cut: one larger than a
+        piece makes a piece of its own.
+
+        The cursor's transaction stays open on ``conn`` between pieces, until the last piece
+        is taken or the generator is closed (``close()`` rolls it back); ``conn`` serves
+        nothing else meanwhile. The changes of transactions outside the slice (between the
+        slot's restart point and ``start``) are skipped without being decoded.
+        """
         rows: dict[int, list[tuple[str, int, Any, list[Any]]]] = {}
-        count = 0
+        count = size = 0  # rows and bytes of messages in the piece
         keep = False
         begin: pgoutput.Begin | None = None
         try:
-            with conn.transaction(), conn.cursor(name="splitflow_log") as cursor:
-                cursor.itersize = 2000
+            with conn.transaction(), conn.cursor(name="splitflow_log", binary=True) as cursor:
                 cursor.execute(
                     "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
                     "'proto_version', '1', 'publication_names', %s)",
                     (slot, pgoutput.format_lsn(stop), publication),
                 )
-                for (data,) in cursor:
-                    message = pgoutput.decode(bytes(data))
-                    if isinstance(message, pgoutput.Begin):
-                        begin = message
-                        keep = start <= message.final_lsn < stop
-                    elif isinstance(message, pgoutput.Relation):
-                        self._relations[message.oid] = message
-                        self._converters.pop(message.oid, None)
-                    elif isinstance(message, pgoutput.Commit):
-                        if keep and count >= ROWS_PER_BATCH:
-                            pieces.append(Piece(self._batches(rows), message.commit_lsn + 1))
-                            rows, count = {}, 0
-                        keep = False
-                    elif (
-                        keep
-                        and begin is not None
-                        and isinstance(message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete)
-                    ):
-                        count += self._change(message, begin, rows)
+                wanted = 100  # then sized from the messages' mean size to FETCH_BYTES
+                while True:
+                    page = cursor.fetchmany(wanted)
+                    fetched = 0
+                    for (data,) in page:
+                        fetched += len(data)
+                        if not keep and data[0] in _CHANGES:
+                            continue  # a change outside the slice
+                        message = pgoutput.decode(bytes(data))
+                        if isinstance(message, pgoutput.Begin):
+                            begin = message
+                            keep = start <= message.final_lsn < stop
+                        elif isinstance(message, pgoutput.Relation):
+                            self._relations[message.oid] = message
+                            self._converters.pop(message.oid, None)
+                        elif isinstance(message, pgoutput.Commit):
+                            full = count >= ROWS_PER_BATCH or size >= PIECE_BYTES
+                            if keep and full and message.commit_lsn + 1 < stop:
+                                yield Piece(self._batches(rows), message.commit_lsn + 1)
+                                rows, count, size = {}, 0, 0
+                            keep = False
+                        elif (
+                            keep
+                            and begin is not None
+                            and isinstance(
+                                message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete
+                            )
+                        ):
+                            count += self._change(message, begin, rows)
+                            size += len(data)
+                    if len(page) < wanted:
+                        break
+                    wanted = max(1, min(FETCH_ROWS, FETCH_BYTES * len(page) // max(1, fetched)))
         except psycopg.errors.ObjectInUse as e:
             raise ConnectorError(
                 f"option slotName: replication slot {slot} is in use by another process "
@@ -351,8 +521,7 @@ class LogDecoder:
             raise ConnectorError(
                 f"option slotName: replication slot {slot}: {e.diag.message_primary}"
             ) from None
-        pieces.append(Piece(self._batches(rows), stop))
-        return pieces
+        yield Piece(self._batches(rows), stop)
 
     def _change(
         self,
@@ -363,9 +532,11 @@ class LogDecoder:
         relation = self._relations[message.relation_oid]
         table = f"{relation.namespace}.{relation.name}"
         names = [c.name for c in relation.columns]
-        # The primary key (the chunks are cut by it), not pgoutput's key flags: those mark
-        # the replica identity, every column under REPLICA IDENTITY FULL.
-        keys = [names.index(k) for k in self._key_of(table)]
+        # The table's key, not pgoutput's key flags: those mark the replica identity, every
+        # column under REPLICA IDENTITY FULL. Each row is filtered by its chunk key's value.
+        described = self._table_of(table)
+        keys = [names.index(k) for k in described.key]
+        chunk_key = names.index(described.chunk_key) if described.chunk_key else None
         events: list[tuple[str, pgoutput.TupleData]] = []
         old = None if isinstance(message, pgoutput.Insert) else message.key or message.old
         if isinstance(message, pgoutput.Delete):
@@ -380,14 +551,16 @@ class LogDecoder:
                     was if now is pgoutput.UNCHANGED_TOAST else now
                     for now, was in zip(new, message.old, strict=True)
                 )
-            if old is not None and any(old[i] != new[i] for i in keys):
-                events += [("d", old), ("c", new)]  # the primary key changed
+            if old is not None and (not keys or any(old[i] != new[i] for i in keys)):
+                # The key changed, or there is none (the old row is the row's identity): a
+                # downstream cannot apply the update in place.
+                events += [("d", old), ("c", new)]
             else:
                 events.append(("u", new))
         emitted = 0
         for op, values in events:
             converted = self._convert(relation, table, values)
-            key = converted[keys[0]] if len(keys) == 1 else None
+            key = None if chunk_key is None else converted[chunk_key]
             if not self._filter.already_read(table, key, begin.xid, begin.final_lsn):
                 rows.setdefault(relation.oid, []).append(
                     (op, begin.final_lsn, begin.commit_ts, converted)
@@ -442,14 +615,29 @@ def _lsn(conn: psycopg.Connection[Any], function: str) -> int:
     return int(row[0])
 
 
-def _snapshot(text: str) -> tuple[int, int, tuple[int, ...]]:
-    """``xmin:xmax:xip,...`` (``pg_current_snapshot()``) as numbers."""
-    xmin, xmax, xip = text.split(":")
-    return int(xmin), int(xmax), tuple(int(x) for x in xip.split(",") if x)
+class Pinned:
+    """The batch's snapshot (:class:`~.pinning.BatchSnapshot`) once the runtime sent it; the
+    reader's split readers read chunks in it. Set before any split is added."""
+
+    snapshot: BatchSnapshot | None = None
+
+
+class CdcReader(SourceReaderBase[Piece, pa.RecordBatch, CdcSplit]):
+    """The CDC source's reader: :class:`SourceReaderBase` that also takes the batch's
+    snapshot, which the runtime sends before the splits."""
+
+    def __init__(self, source: PostgresCdcSource, context: SourceReaderContext) -> None:
+        self._pinned = Pinned()
+        emitter = CdcEmitter(context, report_marks=source.options.mode == "initial")
+        super().__init__(lambda: CdcSplitReader(source, self._pinned), emitter, context)
+
+    def handle_source_event(self, event: SourceEvent) -> None:
+        if isinstance(event, BatchSnapshot):
+            self._pinned.snapshot = event
+        super().handle_source_event(event)
 
 
 def create_cdc_reader(
     source: PostgresCdcSource, context: SourceReaderContext
 ) -> SourceReader[pa.RecordBatch, CdcSplit]:
-    emitter = CdcEmitter(context, report_marks=source.options.mode == "initial")
-    return SourceReaderBase(lambda: CdcSplitReader(source), emitter, context)
+    return CdcReader(source, context)

@@ -22,12 +22,18 @@ from splitflow.api.assigner import AssignerState, AssigningSplitEnumerator
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
 from splitflow.api.events import SourceEvent
 from splitflow.api.reader import SourceReader, SourceReaderContext
-from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
+from splitflow.api.source import (
+    Boundedness,
+    Source,
+    SupportsPinnedReads,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitflow.api.split import Codec
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.catalog import Table
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.pgoutput import format_lsn
+from splitflow.connectors.postgres.pinning import SnapshotPinner
 from splitflow.connectors.postgres.splits import (
     CdcSplit,
     CdcSplitCodec,
@@ -102,6 +108,8 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit]):
             new = [t for t in tables if t not in self._tables]
             if options.mode != "snapshotOnly" and (new or self._log_start is None):
                 catalog.check_logical(conn, options.where)
+                for table in new:  # before they are published (see check_replica_identity)
+                    catalog.check_replica_identity(self._source.table(table, conn))
                 # The publication first: the slot decodes changes with the catalog as of
                 # their LSN, and a change from before the publication existed fails.
                 catalog.ensure_publication(conn, options, tables)
@@ -285,7 +293,9 @@ def _as_cdc(enumerator: CdcEnumerator) -> SplitEnumerator[CdcSplit, CdcState]:
 
 
 class PostgresCdcSource(
-    Source[pa.RecordBatch, CdcSplit, CdcState], SupportsSplitReassignmentOnRecovery
+    Source[pa.RecordBatch, CdcSplit, CdcState],
+    SupportsSplitReassignmentOnRecovery,
+    SupportsPinnedReads[CdcSplit],
 ):
     """Change data capture from PostgreSQL (see the module doc and ``docs/postgres-cdc.md``).
 
@@ -335,7 +345,7 @@ class PostgresCdcSource(
             return self.tables[name]
         if conn is None:
             raise ConnectorError(f"table {name} is not one the query's schema was made from")
-        return catalog.describe_table(conn, name)
+        return catalog.describe_table(conn, name, self.options)
 
     @property
     def boundedness(self) -> Boundedness:
@@ -366,6 +376,10 @@ class PostgresCdcSource(
         from splitflow.connectors.postgres.reader import create_cdc_reader
 
         return create_cdc_reader(self, context)
+
+    def create_read_pinner(self) -> SnapshotPinner:
+        """One snapshot per batch that reads chunks (:mod:`.pinning`)."""
+        return SnapshotPinner(self.options)
 
     @property
     def split_codec(self) -> Codec[CdcSplit]:

@@ -1,15 +1,18 @@
 """The splits of the PostgreSQL CDC source, the chunk watermarks, and their codecs.
 
-* :class:`ChunkSplit`: rows of one table whose primary key is in ``[lo, hi)`` (``None``: open
-  end), read in one transaction. Positions: 0 unread, 1 read; a chunk is read whole.
+* :class:`ChunkSplit`: rows of one table whose chunk key (an integer column: the primary key,
+  or the column of option ``chunkKeyColumn``) is in ``[lo, hi)`` (``None``: open end; the
+  first chunk also holds the rows whose chunk key is NULL), read in one transaction.
+  Positions: 0 unread, 1 read; a chunk is read whole.
 * :class:`LogSplit`: the replication slot's change stream, ``position`` an LSN: the slice
   ``[a, b)`` holds the transactions whose commit record starts at an LSN in it. It carries
   the watermarks of the chunks read before it started (:class:`ChunkMark`), so that it skips
   the changes each chunk's snapshot already held.
 * :class:`ChunkMark`: the MVCC snapshot a chunk was read in (``xmin``, ``xmax``, the
-  transactions in progress) and the WAL insert position after the read (``high``). A change
-  of a key in the chunk belongs to the chunk's rows exactly when its transaction is visible
-  in that snapshot; every transaction that commits at or after ``high`` is not.
+  transactions in progress) and a WAL insert position read after it was taken (``high``). A
+  change of a key in the chunk belongs to the chunk's rows exactly when its transaction is
+  visible in that snapshot; every transaction that commits at or after ``high`` is not. A change is
+  the chunk's by the chunk key value of its row (of the old row for a delete).
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ from splitflow.api.split import Codec, DataclassCodec, JsonDict, LedgerCodec
 from splitflow.errors import ConnectorError, IncompatibleCheckpointError
 
 Key = int | None
-"""A chunk bound: an integer primary key value, or ``None`` for an open end."""
+"""A chunk bound: an integer chunk key value, or ``None`` for an open end."""
 
 
 @dataclass(frozen=True)
 class ChunkSplit:
-    """Rows of ``table`` with ``lo <= key < hi`` (``key`` the primary key column).
+    """Rows of ``table`` with ``lo <= key < hi`` (``key`` the chunk key column: the primary
+    key, or the column of option ``chunkKeyColumn``). The first chunk (``lo`` None) also
+    holds the rows whose key is NULL, so every row is in exactly one chunk.
 
-    A table whose key cannot be cut (not one integer column) is one chunk, ``lo`` and ``hi``
-    ``None`` and ``key`` empty.
+    A table without a chunk key (no option, and a key that is not one integer column, or no
+    key) is one chunk, ``lo`` and ``hi`` ``None`` and ``key`` empty.
 
     >>> ChunkSplit("public.orders", 3, "id", 100, 200).split_id
     'public.orders#3'
@@ -126,23 +131,26 @@ class ChunkFilter:
         }
         self.high = max((m.high for m in marks), default=0)
 
-    def already_read(self, table: str, key: object, xid: int, commit_lsn: int) -> bool:
-        """Whether the change of ``key`` in ``table`` by ``xid`` was in its chunk's rows."""
+    def already_read(self, table: str, key: Key, xid: int, commit_lsn: int) -> bool:
+        """Whether the change by ``xid`` of a row of ``table`` whose chunk key is ``key`` was
+        in its chunk's rows. ``key`` None: a NULL chunk key, or a table that is one chunk;
+        either way the first chunk's (the one with no lower bound)."""
         if commit_lsn >= self.high:
             return False
         marks = self._tables.get(table)
         if not marks:
             return False
-        if len(marks) == 1 and marks[0].lo is None and marks[0].hi is None:
-            mark = marks[0]
+        if key is None:  # a NULL chunk key is the first chunk's; so is a one-chunk table
+            mark, covered = marks[0], marks[0].lo is None
         else:
-            assert isinstance(key, int)
             mark = marks[bisect.bisect_right(self._starts[table], key) - 1]
-            if not (mark.lo is None or mark.lo <= key) or not (mark.hi is None or key < mark.hi):
-                raise ConnectorError(
-                    f"no chunk watermark of table {table} covers key {key} (the nearest is "
-                    f"chunk {mark.split_id}): the log split's watermarks are incomplete"
-                )
+            covered = (mark.lo is None or mark.lo <= key) and (mark.hi is None or key < mark.hi)
+        if not covered:
+            shown = "NULL" if key is None else key
+            raise ConnectorError(
+                f"no chunk watermark of table {table} covers key {shown} (the nearest is chunk "
+                f"{mark.split_id}): the log split's watermarks are incomplete"
+            )
         return commit_lsn < mark.high and mark.sees(xid)
 
 

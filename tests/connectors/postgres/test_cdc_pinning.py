@@ -1,0 +1,202 @@
+"""A batch's chunks read in the snapshot the driver pinned for it, against a real PostgreSQL.
+
+Spark reads a micro-batch again for each action on it in ``foreachBatch`` (and for retried,
+speculative and recomputed tasks). Every read of a chunk must give the same rows and the
+same watermark, whatever was committed between the reads: the driver exports one snapshot
+per batch (:class:`~splitflow.connectors.postgres.pinning.SnapshotPinner`) and each task's
+reader imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from tests.connectors.postgres.test_cdc_harness import load
+from tests.support.postgres import Postgres
+
+from splitflow.api.events import SourceEvent
+from splitflow.api.reader import InputStatus
+from splitflow.connectors.postgres.pinning import BatchSnapshot, SnapshotPinner
+from splitflow.connectors.postgres.source import PostgresCdcSource
+from splitflow.connectors.postgres.splits import ChunkReadEvent, ChunkSplit, LogSplit
+from splitflow.errors import ConnectorError
+from splitflow.reader.output import Collector, RecordingReaderContext
+
+TABLE = "pinned_orders"
+
+
+@pytest.fixture
+def source(postgres: Postgres) -> Iterator[PostgresCdcSource]:
+    postgres.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    postgres.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, version int NOT NULL)")
+    postgres.execute(f"INSERT INTO {TABLE} SELECT g, 0 FROM generate_series(1, 1000) g")
+    yield load(postgres, tables=TABLE, chunkSize="400", slotName="never_made")
+    postgres.execute(f"DROP TABLE {TABLE}")
+
+
+def read(
+    source: PostgresCdcSource, split: ChunkSplit, pin: SourceEvent | None
+) -> tuple[list[tuple[Any, ...]], list[SourceEvent]]:
+    """Read ``split`` as a Spark task does: the batch's pin first, then the slice."""
+    context = RecordingReaderContext(0)
+    reader = source.create_reader(context)
+    reader.start()
+    out: Collector[pa.RecordBatch] = Collector()
+    try:
+        if pin is not None:
+            reader.handle_source_event(pin)
+        reader.add_splits([split], stop_at={split.split_id: 1})
+        reader.notify_no_more_splits()
+        while reader.poll_next(out) is not InputStatus.END_OF_INPUT:
+            reader.wait_available(10)
+    finally:
+        reader.close()
+    rows = [(r["id"], r["version"], r["op"], r["lsn"]) for batch in out for r in batch.to_pylist()]
+    return sorted(rows), context.events
+
+
+def chunk() -> ChunkSplit:
+    return ChunkSplit(f"public.{TABLE}", 0, "id", None, 500)
+
+
+def test_every_read_of_a_pinned_batch_gives_the_same_rows_and_watermark(
+    source: PostgresCdcSource, postgres: Postgres
+) -> None:
+    pinner = SnapshotPinner(source.options)
+    try:
+        pin = pinner.pin(1, [chunk()])
+        assert isinstance(pin, BatchSnapshot)
+        first = read(source, chunk(), pin)
+        postgres.execute(f"UPDATE {TABLE} SET version = version + 1 WHERE id <= 10")
+        postgres.execute(f"DELETE FROM {TABLE} WHERE id = 20")
+        postgres.execute(f"INSERT INTO {TABLE} VALUES (0, 7)")
+        assert pinner.pin(1, [chunk()]) == pin, "a batch keeps its pin while it runs"
+        second = read(source, chunk(), pin)
+    finally:
+        pinner.close()
+    assert second == first
+    rows, events = first
+    assert len(rows) == 499
+    assert {lsn for *_, lsn in rows} == {pin.at}
+    (mark,) = [e.mark for e in events if isinstance(e, ChunkReadEvent)]
+    assert (mark.xmin, mark.xmax, mark.xip, mark.high) == (pin.xmin, pin.xmax, pin.xip, pin.at)
+
+
+def test_without_a_pin_each_read_takes_its_own_snapshot(
+    source: PostgresCdcSource, postgres: Postgres
+) -> None:
+    """What the pin prevents: a read after a commit sees it, with another watermark."""
+    first = read(source, chunk(), None)
+    postgres.execute(f"UPDATE {TABLE} SET version = version + 1 WHERE id <= 10")
+    second = read(source, chunk(), None)
+    assert second[0] != first[0]
+    assert second[1] != first[1]
+
+
+def test_a_released_pin_fails_the_read_naming_the_chunk_and_the_snapshot(
+    source: PostgresCdcSource,
+) -> None:
+    pinner = SnapshotPinner(source.options)
+    pin = pinner.pin(3, [chunk()])
+    assert pin is not None
+    pinner.release(3)
+    with pytest.raises(ConnectorError) as failure:
+        read(source, chunk(), pin)
+    message = str(failure.value)
+    assert f"chunk public.{TABLE}#0" in message
+    assert pin.snapshot_id in message
+    assert "restart the query" in message
+    assert "s3cret-pw" not in message
+
+
+def test_a_pin_lost_while_its_batch_runs_fails_the_batch_and_a_restart_pins_anew(
+    source: PostgresCdcSource, postgres: Postgres
+) -> None:
+    """Some reads may have seen the lost snapshot: a new one would read other rows, so the
+    batch fails (the query restarts, and its replay pins a new snapshot)."""
+    pinner = SnapshotPinner(source.options)
+    try:
+        pin = pinner.pin(4, [chunk()])
+        assert pin is not None
+        postgres.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE state = 'idle in transaction' AND query LIKE '%pg_export_snapshot%'"
+        )
+        with pytest.raises(ConnectorError, match="restart the query"):
+            read(source, chunk(), pin)
+        with pytest.raises(ConnectorError) as failure:
+            pinner.pin(4, [chunk()])
+        assert pin.where in str(failure.value)
+        assert "restart the query" in str(failure.value)
+    finally:
+        pinner.close()
+    restarted = SnapshotPinner(source.options)
+    try:
+        again = restarted.pin(4, [chunk()])
+        assert again is not None
+        assert again.snapshot_id != pin.snapshot_id
+        assert len(read(source, chunk(), again)[0]) == 499
+    finally:
+        restarted.close()
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [f"TRUNCATE {TABLE}", f"ALTER TABLE {TABLE} ALTER COLUMN version TYPE bigint"],
+    ids=["truncate", "alter-table-rewrite"],
+)
+def test_a_table_rewritten_after_the_pin_fails_the_read_instead_of_reading_it_empty(
+    source: PostgresCdcSource, postgres: Postgres, rewrite: str
+) -> None:
+    """TRUNCATE and a rewriting ALTER TABLE are not MVCC-safe: an older snapshot would read
+    the new, empty storage, and every later read of the batch would differ from the first."""
+    pinner = SnapshotPinner(source.options)
+    try:
+        pin = pinner.pin(8, [chunk()])
+        assert pin is not None
+        assert len(read(source, chunk(), pin)[0]) == 499
+        postgres.execute(rewrite)
+        with pytest.raises(ConnectorError) as failure:
+            read(source, chunk(), pin)
+    finally:
+        pinner.close()
+    message = str(failure.value)
+    assert f"chunk public.{TABLE}#0: table {TABLE} was truncated or rewritten" in message
+    assert pin.where in message
+    assert "restart the query" in message
+
+
+def test_a_batch_that_reads_only_the_log_pins_nothing(source: PostgresCdcSource) -> None:
+    pinner = SnapshotPinner(source.options)
+    assert pinner.pin(5, [LogSplit("slot", 0)]) is None
+    pinner.close()
+
+
+def test_release_frees_the_batches_up_to_the_one_completed(
+    source: PostgresCdcSource, postgres: Postgres
+) -> None:
+    def held(expected: int) -> int:
+        """Transactions that hold an exported snapshot, once they are ``expected`` or 5 s
+        passed (a closed connection's backend exits a moment after the client closed it)."""
+        for _ in range(50):
+            rows = postgres.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+                "AND query LIKE '%pg_export_snapshot%'"
+            )
+            if int(rows[0][0]) == expected:
+                break
+            time.sleep(0.1)
+        return int(rows[0][0])
+
+    pinner = SnapshotPinner(source.options)
+    pinner.pin(6, [chunk()])
+    pinner.pin(7, [chunk()])
+    assert held(2) == 2
+    pinner.release(6)
+    assert held(1) == 1
+    pinner.close()
+    assert held(0) == 0
