@@ -3,10 +3,10 @@
 For each connector, ``--schedules`` schedules are drawn from consecutive seeds
 (:mod:`tests.faults.schedule`) and run against real Spark (local mode) while the source
 keeps receiving data (:mod:`tests.faults.harness`): driver SIGKILLs (also with a batch in
-flight), Python workers killed mid-task, restarts at another parallelism, and the
-connector's own faults (:mod:`tests.faults.workloads`). After each, the sink is recounted
-against the source. A failing schedule prints its seed; replay it with
-``--seed N --schedules 1``.
+flight), Python workers killed mid-task, restarts at another parallelism, the
+connector's own faults (:mod:`tests.faults.workloads`) and, for CDC, a sink that reads
+every batch twice (``evaluate-twice``). After each, the sink is recounted against the
+source. A failing schedule prints its seed; replay it with ``--seed N --schedules 1``.
 
     python bench/faults.py --schedules 50            # every connector
     python bench/faults.py --connectors files --seed 7 --schedules 1
@@ -79,7 +79,8 @@ def run_all(
         began = time.monotonic()
         for seed in range(args.seed, args.seed + count):
             source = GeneratorWorkload(rows=300) if args.quick else workload(name, seed)
-            schedule = draw(seed, name, source.kinds, extra_kinds(cluster=bool(spark)))
+            extra = extra_kinds(cluster=bool(spark))
+            schedule = draw(seed, name, source.kinds, extra, source.sinks)
             if args.quick:
                 schedule = dataclasses.replace(schedule, runs=schedule.runs[:1])
             outcome = run_schedule(schedule, source, root / f"{name}-{seed}", **spark)

@@ -2,11 +2,13 @@
 
 :func:`run_schedule` starts the workload (its data keeps arriving), runs each of the
 schedule's runs as a driver subprocess (``python -m tests.spark.jobs``, its own process
-group, ``local[2,4]`` so that Spark retries a task whose Python worker died), applies the
+group, ``local[2,4]`` so that Spark retries a task whose Python worker died, with the
+schedule's sink: Spark's file sink, or one that reads every batch twice), applies the
 run's faults at their times after its first batch and ends it by its fault, stops the
 workload's data, reads what is left with ``trigger(availableNow=True)`` at the final
-parallelism, and recounts the sink (the files Spark's sink log lists) against the data
-with :meth:`~tests.faults.workloads.Workload.recount`. Linux only (tmpfs, process groups).
+parallelism, and recounts the sink (the files Spark's sink log lists, or the folders of
+the batches a ``foreachBatch`` sink wrote) against the data with
+:meth:`~tests.faults.workloads.Workload.recount`. Linux only (tmpfs, process groups).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import psutil
 from tests.faults import disk
-from tests.faults.schedule import Schedule, Step
+from tests.faults.schedule import FILE_SINK, TWICE, Schedule, Step
 from tests.faults.workloads import Count, Workload
 from tests.spark.support import Job, log_ids, wait_until
 
@@ -49,7 +51,8 @@ class Outcome:
     schedule: Schedule
     count: Count
     applied: Counter[str] = field(default_factory=Counter)
-    """Faults applied, by kind (a run's end counts once it killed a live driver)."""
+    """Faults applied, by kind (a run's end counts once it killed a live driver;
+    ``evaluate-twice`` once per schedule, when its last run completed)."""
     notes: list[str] = field(default_factory=list)
     """What happened besides: injected details, runs whose query failed by itself."""
     seconds: float = 0.0
@@ -120,6 +123,7 @@ def run_schedule(
                     f"--parallelism={parallelism}",
                     f"--trigger={trigger}",
                     f"--master={master}",
+                    f"--sink={schedule.sink}",
                     "--timeout=600",
                 ],
                 log,
@@ -139,6 +143,9 @@ def run_schedule(
                 final.close()
                 if code != 0 or "TERMINATED" not in final.lines:
                     raise AssertionError(f"the final run failed ({code}): {final.lines[-3:]}")
+            if schedule.sink != FILE_SINK:
+                applied[TWICE] += 1
+                notes.append(f"{TWICE}: every batch read twice ({schedule.sink})")
             count = workload.recount(out)
             leaks = _leaks(workload.secret, [checkpoint, state, out], log)
         except (AssertionError, subprocess.TimeoutExpired) as failure:

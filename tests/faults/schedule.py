@@ -11,6 +11,12 @@ Faults during a run: ``worker-kill`` (a Python worker SIGKILLed while a batch is
 Spark retries its task) and the workload's own kinds (files or topics appearing and
 vanishing, the broker or database stopped and started, a full disk).
 
+A fault of the whole schedule: ``evaluate-twice``, a sink that reads every batch twice
+(a ``foreachBatch`` that writes the batch and counts it, in an order drawn from the seed:
+``write-count`` or ``count-write``, see ``tests.spark.jobs.ForeachBatchSink``), as a job
+with several actions on a batch, a ``MERGE`` or a recomputed stage does. Drawn only for
+a workload whose recount reads such a sink (CDC), in about half of its schedules.
+
 >>> draw(7, "files", ("file-vanish",)) == draw(7, "files", ("file-vanish",))
 True
 >>> for part in draw(1, "generator", ()).describe().split(" | "):
@@ -31,6 +37,10 @@ ENDS = ("driver-kill", "driver-kill-in-flight")
 """How a run ends (every run but the final one ends by a fault)."""
 COMMON = ("worker-kill",)
 """Faults any workload takes during a run."""
+TWICE = "evaluate-twice"
+"""The fault of a schedule whose sink reads every batch twice (:attr:`Schedule.sink`)."""
+FILE_SINK = "parquet"
+"""Spark's file sink: each batch read once."""
 
 
 @dataclass(frozen=True)
@@ -59,20 +69,32 @@ class Schedule:
     workload: str
     runs: tuple[Run, ...]
     final_parallelism: int
+    sink: str = FILE_SINK
+    """The driver's ``--sink`` (``tests.spark.jobs``): :data:`FILE_SINK`, or a mode that
+    reads every batch twice (``write-count``, ``count-write``: fault :data:`TWICE`)."""
 
     def kinds(self) -> list[str]:
-        """Every fault of the schedule, in order (run ends included)."""
-        return [k for run in self.runs for k in [*(s.kind for s in run.steps), run.end.kind]]
+        """Every fault of the schedule, in order (:data:`TWICE` first, run ends included)."""
+        twice = [] if self.sink == FILE_SINK else [TWICE]
+        runs = [k for run in self.runs for k in [*(s.kind for s in run.steps), run.end.kind]]
+        return [*twice, *runs]
 
     def describe(self) -> str:
         runs = " | ".join(
             f"run {i} p={run.parallelism} [{', '.join(map(str, run.steps))}] end {run.end}"
             for i, run in enumerate(self.runs, 1)
         )
-        return f"{self.workload} seed {self.seed}: {runs} | final p={self.final_parallelism}"
+        sink = "" if self.sink == FILE_SINK else f" | sink {self.sink} ({TWICE})"
+        return f"{self.workload} seed {self.seed}: {runs} | final p={self.final_parallelism}{sink}"
 
 
-def draw(seed: int, workload: str, kinds: Sequence[str], extra: Sequence[str] = ()) -> Schedule:
+def draw(
+    seed: int,
+    workload: str,
+    kinds: Sequence[str],
+    extra: Sequence[str] = (),
+    sinks: Sequence[str] = (),
+) -> Schedule:
     """The schedule of ``seed`` for ``workload``, whose own fault kinds are ``kinds``.
 
     Each run has up to two faults during it (``worker-kill`` or one of ``kinds``), at most
@@ -80,9 +102,16 @@ def draw(seed: int, workload: str, kinds: Sequence[str], extra: Sequence[str] = 
     that depend on the machine (a disk to mount, a cluster's executors), drawn from a
     stream of their own, so that the rest of a seed's schedule is the same with or without
     them: one of them, at a time before the run's end, in about half of the runs.
+    ``sinks``: the sinks that read every batch twice which the workload can recount; one
+    of them (fault :data:`TWICE`) in about half of the schedules, from a stream of its own
+    too.
+
+    >>> [draw(s, "cdc", (), sinks=("write-count", "count-write")).sink for s in (2, 3, 9)]
+    ['count-write', 'parquet', 'write-count']
     """
     rnd = random.Random(f"{workload}:{seed}")
     more = random.Random(f"{workload}:{seed}:extra")
+    twice = random.Random(f"{workload}:{seed}:sink")
     during = (*COMMON, *kinds)
     runs = []
     for _ in range(rnd.randint(2, 3)):
@@ -92,4 +121,5 @@ def draw(seed: int, workload: str, kinds: Sequence[str], extra: Sequence[str] = 
         if extra and more.random() < 0.5:
             steps.append(Step(round(more.uniform(0, end.at), 1), more.choice(extra)))
         runs.append(Run(rnd.randint(1, 3), tuple(sorted(steps, key=lambda s: s.at)), end))
-    return Schedule(seed, workload, tuple(runs), rnd.randint(1, 3))
+    sink = twice.choice(sinks) if sinks and twice.random() < 0.5 else FILE_SINK
+    return Schedule(seed, workload, tuple(runs), rnd.randint(1, 3), sink)

@@ -31,12 +31,13 @@ SEEDS = [
     ("generator", 3, {"disk-full"}),
     ("files", 7, {"file-vanish", "files-burst"}),
     ("kafka", 1, {"broker-pause", "topic-create"}),
-    ("cdc", 9, {"db-restart"}),
+    ("cdc", 9, {"db-restart", "evaluate-twice"}),
 ]
 """Seeds and the faults each must apply. With a disk to mount their schedules hold, besides:
 generator 3 the disk full and read-only, workers killed; files 7 (JSON lines) every fault
-of files and the disk's; kafka 1 topics deleted, the disk full; cdc 9 the disk full,
-workers killed. Without a disk, the same schedules without the disk's faults."""
+of files and the disk's; kafka 1 topics deleted, the disk full; cdc 9 (a sink that writes
+then counts every batch) the disk full, workers killed. Without a disk, the same schedules
+without the disk's faults."""
 
 
 def check(outcome: Outcome) -> None:
@@ -51,7 +52,7 @@ def test_a_fault_schedule_loses_and_repeats_no_record(
     name: str, seed: int, faults: set[str], tmp_path: Path
 ) -> None:
     source = workload(name, seed)
-    schedule = draw(seed, name, source.kinds, extra_kinds())
+    schedule = draw(seed, name, source.kinds, extra_kinds(), source.sinks)
     outcome = run_schedule(schedule, source, tmp_path)
     check(outcome)
     assert faults & set(schedule.kinds()) <= set(outcome.applied), outcome.notes

@@ -8,7 +8,9 @@ before it vanished), which may be missing, never repeated.
 
 The sink is read as Spark's file sink defines it: the Parquet files its log lists
 (:func:`splitflow.job.pipeline.committed_output_files`); part files of a batch that did not
-commit do not count.
+commit do not count. A ``foreachBatch`` sink that reads every batch twice (CDC's fault
+``evaluate-twice``) writes each batch to a folder of its own, which a replay of the batch
+overwrites (``tests.support.cdc.batch_folders``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class Workload(ABC):
     final_runs = 1
     """``trigger(availableNow=True)`` runs it takes to read everything once the data stopped
     (a split that appears during such a run waits for the next one)."""
+    sinks: tuple[str, ...] = ()
+    """Sinks that read every batch twice (``tests.spark.jobs`` ``--sink`` modes) whose
+    output :meth:`recount` reads besides Spark's file sink (fault ``evaluate-twice``)."""
     secret: str | None = None
     """A credential among its options, which must appear nowhere the query writes."""
 
@@ -372,10 +377,13 @@ class CdcWorkload(Workload):
     chunked snapshot, then its log, while a writer inserts, updates and deletes. Fault:
     ``db-restart`` (the server stopped, fast, and started again). The recount replays the
     sink key by key against the table (:func:`tests.support.cdc.replay`): a gap in a key's
-    versions or a final row that differs is lost, a change seen twice is duplicated."""
+    versions or a final row that differs is lost, a change seen twice is duplicated. The
+    sink may be a ``foreachBatch`` that writes and counts every batch (in either order):
+    each read of a batch must see the rows that the chunk's watermark says it saw."""
 
     name = "cdc"
     kinds = ("db-restart",)
+    sinks = ("write-count", "count-write")
     secret = "s3cret-pw"  # the test server's password, in conninfo
     final_runs = 2  # a run that starts during the snapshot reads the log in the next one
     table = "fx_orders"

@@ -5,12 +5,21 @@ Run from the repository root::
     python -m tests.spark.jobs [--catalog CATALOG.json] --out OUT --checkpoint CHK \\
         --parallelism 2 --max-records-per-batch 30 --trigger 500ms \\
         [--source splitflow-sequence-faulty] [--option readDelay=1s ...] \\
-        [--done-file DONE] [--timeout 120] [--master local[2,4]]
+        [--done-file DONE] [--timeout 120] [--master local[2,4]] \\
+        [--sink write-count [--fail-once]]
 
 It streams a splitflow source (by default the sequence source over a file-backed
 :class:`~splitflow.testing.sequence.SequenceCatalog`; ``--source``, ``--schema`` and
 ``--option`` name another) into Parquet at ``OUT`` with the checkpoint ``CHK`` (its own
-SparkSession on ``--master``, ``local[2]`` by default), and runs until
+SparkSession on ``--master``, ``local[2]`` by default). ``--sink`` says how:
+
+* ``parquet`` (the default): Spark's file sink, which reads each batch once;
+* ``write-count``, ``count-write``, ``write-twice``: a ``foreachBatch`` sink that reads
+  every batch more than once (:class:`ForeachBatchSink`), as a job with several actions on
+  a batch does; ``--fail-once`` also fails the first attempt of every task of its second
+  action, so that Spark retries the task, which reads its slice once more.
+
+It runs until
 
 * it is killed (the tests SIGKILL its process group: this Python driver, its JVM, the
   streaming runner and the Python workers), or
@@ -32,10 +41,13 @@ It prints one line per event, flushed at once, for the test to follow:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tests.spark.support import driver_session
@@ -70,7 +82,87 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--done-file", default=None, help="stop once this exists and caught up")
     parser.add_argument("--timeout", type=float, default=180.0)
-    return parser.parse_args(argv)
+    parser.add_argument("--sink", choices=SINKS, default="parquet", help="how to write (parquet)")
+    parser.add_argument(
+        "--fail-once",
+        action="store_true",
+        help="fail the first attempt of every task of the sink's second action",
+    )
+    args = parser.parse_args(argv)
+    if args.fail_once and args.sink == "parquet":
+        parser.error("--fail-once needs a foreachBatch --sink (write-count, ...)")
+    return args
+
+
+SINKS = ("parquet", "write-count", "count-write", "write-twice")
+"""The ``--sink`` choices: Spark's file sink, or a :class:`ForeachBatchSink` mode."""
+
+
+def fail_first_attempt(
+    batches: Iterator[Any], failures: str | None = None, batch_id: int = -1
+) -> Iterator[Any]:
+    """A ``mapInArrow`` function: passes the rows through, then fails if this is the task's
+    first attempt (so Spark retries the task, whose retry reads its input again). Each
+    failure first creates ``<failures>/<batch_id>-<partition>``, for the test to count."""
+    from pyspark import TaskContext
+
+    yield from batches
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() == 0:
+        if failures is not None:
+            Path(failures, f"{batch_id}-{context.partitionId()}").touch()
+        raise RuntimeError("injected failure: the first attempt of each task fails")
+
+
+class ForeachBatchSink:
+    """A ``foreachBatch`` function that reads every batch more than once, in ``mode``:
+
+    * ``write-count``: writes the batch, then counts it (``batch.count()``);
+    * ``count-write``: counts it, then writes it;
+    * ``write-twice``: writes it, then writes it again, to ``<out>/again``.
+
+    A batch is written to ``<out>/batch=<id>`` (mode overwrite: a batch replayed after a
+    crash replaces what an earlier attempt of it wrote), so the sink reads back in batch
+    order (``tests.support.cdc.sink_in_batch_order``). ``counts`` holds what each count
+    returned, by batch id (in the driver that runs the query). With ``fail_once``, the
+    second action runs through :func:`fail_first_attempt`: the first attempt of each of
+    its tasks fails after reading its rows, and Spark's retry reads them once more (the
+    master must allow retries: ``local[2,4]``); each failure leaves a file in
+    ``<out>/_failures``.
+
+    >>> ForeachBatchSink("write-count", "/out").folder(7)
+    '/out/batch=7'
+    >>> ForeachBatchSink("write-twice", "/out").folder(7, again=True)
+    '/out/again/batch=7'
+    """
+
+    def __init__(self, mode: str, out: str | os.PathLike[str], fail_once: bool = False) -> None:
+        if mode not in SINKS[1:]:
+            raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:]}")
+        self.mode, self.out, self.fail_once = mode, os.fspath(out), fail_once
+        self.counts: dict[int, int] = {}
+
+    def folder(self, batch_id: int, again: bool = False) -> str:
+        return os.path.join(self.out, *(["again"] if again else []), f"batch={batch_id}")
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        first, second = self.mode.split("-")  # write-twice: write, then write again
+        self._act(first, batch, batch_id)
+        if self.fail_once:
+            failures = Path(self.out, "_failures")
+            failures.mkdir(parents=True, exist_ok=True)
+            fail = functools.partial(fail_first_attempt, failures=str(failures), batch_id=batch_id)
+            batch = batch.mapInArrow(fail, batch.schema)
+        if second == "twice":
+            batch.write.mode("overwrite").parquet(self.folder(batch_id, again=True))
+        else:
+            self._act(second, batch, batch_id)
+
+    def _act(self, action: str, batch: Any, batch_id: int) -> None:
+        if action == "count":
+            self.counts[batch_id] = batch.count()
+        else:
+            batch.write.mode("overwrite").parquet(self.folder(batch_id))
 
 
 def say(line: str) -> None:
@@ -107,14 +199,16 @@ def run(args: argparse.Namespace) -> int:
     for option in args.option:
         key, _, value = option.partition("=")
         reader = reader.option(key, value)
-    query = (
+    writer = (
         reader.load()
-        .writeStream.format("parquet")
-        .option("path", args.out)
-        .option("checkpointLocation", args.checkpoint)
+        .writeStream.option("checkpointLocation", args.checkpoint)
         .trigger(**parse_trigger(args.trigger))
-        .start()
     )
+    if args.sink == "parquet":
+        writer = writer.format("parquet").option("path", args.out)
+    else:
+        writer = writer.foreachBatch(ForeachBatchSink(args.sink, args.out, args.fail_once))
+    query = writer.start()
     say(f"STARTED {query.id} {query.runId}")
 
     deadline = time.monotonic() + args.timeout

@@ -3,9 +3,10 @@
 :class:`Writer` inserts, updates (``version + 1``) and deletes rows of a table
 ``(id bigint PRIMARY KEY, version int, payload text)`` from a thread, and reconnects when
 the server restarts. :func:`sink_in_batch_order` reads a Parquet sink of the CDC source in
-the order Spark committed it, and :func:`replay` replays it key by key against the table's
-final rows: every key's history must be gap-free (``r`` or ``c``, then ``u`` with versions
-+1 each, maybe a ``d``) and end at the table's row.
+the order Spark committed it (Spark's file sink, or the batch folders of a ``foreachBatch``
+sink), and :func:`replay` replays it key by key against the table's final rows: every
+key's history must be gap-free (``r`` or ``c``, then ``u`` with versions +1 each, maybe a
+``d``) and end at the table's row.
 """
 
 from __future__ import annotations
@@ -80,11 +81,45 @@ def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
     (by ``lsn`` within a file): a batch's files are written after the batch before it
     committed, so their modification times order the batches. A key's rows of one batch
     come from one task, hence one file.
+
+    A folder without the file sink's log (``_spark_metadata``) is read as the folders of a
+    ``foreachBatch`` sink (:func:`batch_folders_in_order`).
     """
+    if not (out / "_spark_metadata").is_dir():
+        return batch_folders_in_order(out)
     rows: list[dict[str, Any]] = []
     for path in sorted(committed_output_files(out), key=lambda p: (p.stat().st_mtime_ns, p)):
         rows.extend(sorted(pq.read_table(path).to_pylist(), key=lambda r: r["lsn"]))
     return rows
+
+
+def batch_folders(out: Path) -> dict[int, Path]:
+    """Batch id -> its folder ``<out>/batch=<id>`` (:class:`tests.spark.jobs.ForeachBatchSink`).
+    Each must hold Spark's ``_SUCCESS``: a write cut short is replaced when its batch is
+    replayed, so a folder without it means that a batch was never written whole."""
+    folders = {
+        int(path.name.partition("=")[2]): path
+        for path in out.glob("batch=*")
+        if path.name.partition("=")[2].isdigit()
+    }
+    partial = sorted(b for b, path in folders.items() if not (path / "_SUCCESS").exists())
+    assert not partial, f"batches {partial} of {out} were not written whole (no _SUCCESS)"
+    return dict(sorted(folders.items()))
+
+
+def batch_rows(folder: Path) -> list[dict[str, Any]]:
+    """The rows of one batch's folder, by ``lsn`` (a stable sort: a transaction's changes
+    keep their order, and a key's rows of one batch come from one task, hence one file)."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("part-*.parquet")):
+        rows.extend(pq.read_table(path).to_pylist())
+    return sorted(rows, key=lambda r: r["lsn"])
+
+
+def batch_folders_in_order(out: Path) -> list[dict[str, Any]]:
+    """Every row a ``foreachBatch`` sink wrote to ``<out>/batch=<id>``, in batch id order
+    (by ``lsn`` within a batch): :func:`batch_folders`, :func:`batch_rows`."""
+    return [row for folder in batch_folders(out).values() for row in batch_rows(folder)]
 
 
 @dataclass
