@@ -160,6 +160,15 @@ def reported_splits(progress: Mapping[str, Any] | None) -> dict[str, dict[str, A
     return dict(json.loads(latest)["splits"])
 
 
+def log_position(query: Any, slot: str) -> int | None:
+    """Where the last planned batch of a running CDC query stops its log split ``log:slot``
+    (None before the log starts); a query that failed fails the caller."""
+    if query.exception() is not None:
+        raise AssertionError(f"the query failed: {query.exception()}")
+    split = reported_splits(query.lastProgress).get(f"log:{slot}")
+    return None if split is None else int(split["position"])
+
+
 def end_offset(progress: Mapping[str, Any]) -> dict[str, Any]:
     """The splitflow offset of the batch the progress is about (its ``endOffset``)."""
     return dict(json.loads(source_progress(progress)["endOffset"]))

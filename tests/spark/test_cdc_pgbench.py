@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from tests.spark.jobs import ForeachBatchSink
-from tests.spark.support import reported_splits, wait_until
+from tests.spark.support import log_position, wait_until
 from tests.support.cdc import batch_folders_in_order
 from tests.support.postgres import DATABASE, PASSWORD, USER, Postgres, postgres_fixture
 
@@ -162,22 +162,19 @@ def test_pgbench_tpcb_during_the_snapshot_is_rebuilt_exactly_from_a_sink_that_re
             .start()
         )
 
-        def log_position() -> int | None:
-            if query.exception() is not None:
-                raise AssertionError(f"the query failed: {query.exception()}")
-            split = reported_splits(query.lastProgress).get(f"log:{slot}")
-            return None if split is None else int(split["position"])
+        def log_at() -> int | None:
+            return log_position(query, slot)
 
-        began = wait_until("the end of the snapshot", log_position, 120)
-        wait_until("a log batch", lambda: (log_position() or 0) > began, 60)
-        began = log_position() or 0
-        wait_until("a second log batch", lambda: (log_position() or 0) > began, 60)
+        began = wait_until("the end of the snapshot", log_at, 120)
+        wait_until("a log batch", lambda: (log_at() or 0) > began, 60)
+        began = log_at() or 0
+        wait_until("a second log batch", lambda: (log_at() or 0) > began, 60)
         if load.poll() is not None:
             raise AssertionError(f"the load ended too soon: {load.communicate()[0][-2000:]}")
         load.terminate()  # a transaction it was running rolls back
         load.wait(30)
         end = int(postgres.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0])
-        wait_until("the log to catch up", lambda: (log_position() or 0) >= end, 90)
+        wait_until("the log to catch up", lambda: (log_at() or 0) >= end, 90)
     finally:
         if load.poll() is None:
             load.kill()

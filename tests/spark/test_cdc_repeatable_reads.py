@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from tests.spark.jobs import ForeachBatchSink
-from tests.spark.support import Job, log_ids, reported_splits, wait_until
+from tests.spark.support import Job, log_ids, log_position, wait_until
 from tests.support.cdc import (
     Writer,
     batch_folders,
@@ -109,19 +109,16 @@ def test_every_read_of_a_batch_sees_one_snapshot_and_no_change_is_lost(
         .start()
     )
 
-    def log_position() -> int | None:
-        if query.exception() is not None:
-            raise AssertionError(f"the query failed: {query.exception()}")
-        split = reported_splits(query.lastProgress).get(f"log:{slot}")
-        return None if split is None else int(split["position"])
+    def log_at() -> int | None:
+        return log_position(query, slot)
 
     try:
-        wait_until("the end of the snapshot", lambda: log_position() is not None, 150)
-        began = log_position()
-        wait_until("a log batch", lambda: (log_position() or 0) > began, 60)
+        wait_until("the end of the snapshot", lambda: log_at() is not None, 150)
+        began = log_at()
+        wait_until("a log batch", lambda: (log_at() or 0) > began, 60)
         writer.stop()
         end = wal_end(postgres)
-        wait_until("the log to catch up", lambda: (log_position() or 0) >= end, 60)
+        wait_until("the log to catch up", lambda: (log_at() or 0) >= end, 60)
     finally:
         writer.stop()
         query.stop()
