@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.spark.cluster import StandaloneCluster, standalone_cluster
 from tests.spark.jobs import ForeachBatchSink
 from tests.spark.support import Job, log_ids, log_position, wait_until
 from tests.support.cdc import (
@@ -144,32 +145,56 @@ def test_every_read_of_a_batch_sees_one_snapshot_and_no_change_is_lost(
         assert snapshot <= failed, f"no task failed in batches {sorted(snapshot - failed)}"
 
 
+def job_args(postgres: Postgres, tmp_path: Path, table: str, *extra: str) -> list[str]:
+    """A driver (``tests/spark/jobs.py``) streaming ``table`` into a sink that writes, then
+    counts every batch; it stops once ``<tmp_path>/done`` exists and the log reached the
+    position in ``<tmp_path>/ends.json``."""
+    catalog = tmp_path / "ends.json"
+    catalog.write_text(json.dumps({"lengths": {}, "sealed": []}))
+    return [
+        f"--catalog={catalog}",
+        f"--out={tmp_path / 'out'}",
+        f"--checkpoint={tmp_path / 'checkpoint'}",
+        "--parallelism=2",
+        "--trigger=200ms",
+        "--source=splitflow-postgres-cdc",
+        "--sink=write-count",
+        f"--done-file={tmp_path / 'done'}",
+        f"--option=conninfo={postgres.conninfo()}",
+        f"--option=tables={table}",
+        f"--option=slotName=s_{table}",
+        f"--option=stateDir={tmp_path / 'state'}",
+        *(f"--option={key}={value}" for key, value in OPTIONS.items()),
+        *extra,
+    ]
+
+
+def finish(postgres: Postgres, tmp_path: Path, table: str, job: Job, writer: Writer) -> None:
+    """Once ``job`` read two log batches: stop the writer and let the job catch up, stop."""
+
+    def log_batches() -> int:
+        job.check_alive()
+        return sum(1 for line in job.lines if line.startswith("BATCH ") and '"log:' in line)
+
+    wait_until("the job's log batches", lambda: log_batches() >= 2, 150)
+    writer.stop()
+    ends = {"lengths": {f"log:s_{table}": wal_end(postgres)}, "sealed": []}
+    (tmp_path / "ends.json").write_text(json.dumps(ends))
+    (tmp_path / "done").touch()
+    assert job.finish(120) == 0, job.lines
+    assert "CAUGHT-UP" in job.lines
+
+
 def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_once(
     postgres: Postgres, tmp_path: Path
 ) -> None:
     """The driver dies after a snapshot batch was written and while it is counted: the
     restart replays the batch (under a new snapshot), overwrites its folder, and the
     watermarks the log uses are those of the replay's reads."""
-    table, slot = "rr_killed", "s_rr_killed"
+    table = "rr_killed"
     make_table(postgres, table)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    catalog, done = tmp_path / "ends.json", tmp_path / "done"
-    catalog.write_text(json.dumps({"lengths": {}, "sealed": []}))
-    args = [
-        f"--catalog={catalog}",
-        f"--out={out}",
-        f"--checkpoint={checkpoint}",
-        "--parallelism=2",
-        "--trigger=200ms",
-        "--source=splitflow-postgres-cdc",
-        "--sink=write-count",
-        f"--done-file={done}",
-        f"--option=conninfo={postgres.conninfo()}",
-        f"--option=tables={table}",
-        f"--option=slotName={slot}",
-        f"--option=stateDir={tmp_path / 'state'}",
-        *(f"--option={key}={value}" for key, value in OPTIONS.items()),
-    ]
+    args = job_args(postgres, tmp_path, table)
 
     def written_not_committed() -> int | None:
         """A batch that read chunks (after the first commit), written whole and not
@@ -196,18 +221,7 @@ def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_o
         assert killed not in log_ids(checkpoint, "commits")
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
-
-        def log_batches() -> int:
-            run2.check_alive()
-            return sum(1 for line in run2.lines if line.startswith("BATCH ") and '"log:' in line)
-
-        wait_until("run 2's log batches", lambda: log_batches() >= 2, 150)
-        writer.stop()
-        ends = {"lengths": {f"log:{slot}": wal_end(postgres)}, "sealed": []}
-        catalog.write_text(json.dumps(ends))
-        done.touch()
-        assert run2.finish(120) == 0, run2.lines
-        assert "CAUGHT-UP" in run2.lines
+        finish(postgres, tmp_path, table, run2, writer)
         assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
     finally:
         writer.stop()
@@ -215,3 +229,34 @@ def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_o
             job.close()
     assert writer.changes > 100, "the writer made too few changes to test anything"
     check_replay(out, table_rows(postgres, table))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with standalone_cluster(root=tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+def test_on_a_standalone_cluster_reads_retried_on_either_executor_see_the_batch_snapshot(
+    postgres: Postgres, tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """Two executors, each its own Python workers: every task imports the snapshot the
+    driver exported, and so does each task's retry (the first attempt of every task of each
+    batch's second read fails), wherever it runs."""
+    table = "rr_cluster"
+    make_table(postgres, table)
+    writer = Writer(postgres, table, ROWS + 1)
+    writer.start()
+    job = Job(
+        job_args(postgres, tmp_path, table, f"--master={cluster.master_url}", "--fail-once"),
+        tmp_path / "jobs.log",
+    )
+    try:
+        finish(postgres, tmp_path, table, job, writer)
+    finally:
+        writer.stop()
+        job.close()
+    assert writer.changes > 100, "the writer made too few changes to test anything"
+    out = tmp_path / "out"
+    check_replay(out, table_rows(postgres, table))
+    assert list((out / "_failures").iterdir()), "no task was retried"
