@@ -57,11 +57,9 @@ class PostgresCdcDataSource(SplitflowDataSource):
         return "splitflow-postgres-cdc"
 
     def schema(self) -> str:
-        from splitflow.connectors.postgres.types import METADATA
+        from splitflow.connectors.cdc.schema import spark_schema
 
-        columns = [(name, kind.spark) for name, kind in self.create_source().columns()]
-        columns += [(name, spark) for name, _, spark in METADATA]
-        return ", ".join(f"`{name}` {spark}" for name, spark in columns)
+        return spark_schema(self.create_source().columns())
 
     def create_source(self) -> PostgresCdcSource:
         from splitflow.connectors.postgres.source import PostgresCdcSource

@@ -7,7 +7,6 @@ slot, the publication) and never the password.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +14,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from splitflow.connectors.cdc import chunks, schema
+from splitflow.connectors.cdc.chunks import KeyStats
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.splits import ChunkSplit
 from splitflow.connectors.postgres.types import ColumnType, TypeMapping, adapters
 from splitflow.errors import ConfigurationError, ConnectorError
 
 INTEGER_KEYS = {"int2", "int4", "int8"}
-SPARSE = 4.0
-"""Keys spread over more than this many values per row are cut by stepping through them in
-key order (``ORDER BY key OFFSET chunkSize``) instead of evenly by value."""
 
 
 def connect(options: PostgresOptions, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -55,9 +53,10 @@ def quoted(table: str) -> sql.Composed:
 
 
 @dataclass(frozen=True)
-class Table:
-    """A table the source reads: its columns (name, type) in order, the columns that identify
-    a row in the log, the column its chunks are cut by, and its replica identity.
+class Table(schema.Table[ColumnType]):
+    """A table the source reads (the core's :class:`~splitflow.connectors.cdc.schema.Table`):
+    its columns (name, type) in order, the columns that identify a row in the log, the
+    column its chunks are cut by, and its replica identity.
 
     ``key``: the primary key; for a table without one, the columns of its ``REPLICA IDENTITY
     USING INDEX`` index; otherwise empty: a row is known only by all its values, and the log
@@ -67,10 +66,6 @@ class Table:
     an index, ``n`` nothing.
     """
 
-    name: str
-    columns: tuple[tuple[str, ColumnType], ...]
-    key: tuple[str, ...]
-    chunk_key: str = ""
     replica_identity: str = "d"
 
 
@@ -284,66 +279,41 @@ def ensure_slot(conn: psycopg.Connection[Any], options: PostgresOptions) -> int:
 
 
 def cut(conn: psycopg.Connection[Any], table: Table, chunk_size: int) -> list[ChunkSplit]:
-    """``table`` cut into chunks of about ``chunk_size`` rows.
-
-    With a chunk key (:attr:`Table.chunk_key`, an integer column): ranges of its values, even
-    when the values are dense and found by stepping through them in order when they are
-    sparse. The first and last chunks are open, so a value inserted beyond the range known
-    now still belongs to exactly one chunk, and the first also holds the rows whose chunk
-    key is NULL (:func:`chunk_condition`): every row is in exactly one chunk. Without a
-    chunk key the whole table is one chunk.
+    """``table`` cut into chunks of about ``chunk_size`` rows by its chunk key
+    (:attr:`Table.chunk_key`, an integer column), as the core cuts
+    (:func:`splitflow.connectors.cdc.chunks.cut`: even ranges when the values are dense,
+    found by stepping through them in order when they are sparse; open first and last
+    chunks; NULL keys in the first). Without a chunk key the whole table is one chunk.
     """
     if not table.chunk_key:
         return [ChunkSplit(table.name, 0)]
     key = table.chunk_key
-    low, high, values, rows = conn.execute(
+    stats = conn.execute(
         sql.SQL("SELECT min({k}), max({k}), count({k}), count(*) FROM {t}").format(
             k=sql.Identifier(key), t=quoted(table.name)
         )
     ).fetchone() or (None, None, 0, 0)
-    if low is None or high is None or rows <= chunk_size:
-        return [ChunkSplit(table.name, 0, key)]
-    bounds: list[int] = []
-    spread = (high - low + 1) / values
-    if spread <= SPARSE:
-        step = max(1, math.ceil(chunk_size * spread))
-        bounds = list(range(low + step, high + 1, step))
-    else:
-        at = low
-        step_query = sql.SQL(
-            "SELECT {k} FROM {t} WHERE {k} >= %s ORDER BY {k} OFFSET %s LIMIT 1"
-        ).format(k=sql.Identifier(key), t=quoted(table.name))
-        while True:
-            found = conn.execute(step_query, (at, chunk_size)).fetchone()
-            if found is None:
-                break
-            at = int(found[0])
-            bounds.append(at)
-    edges: list[int | None] = [None, *bounds, None]
-    return [ChunkSplit(table.name, i, key, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+    step_query = sql.SQL(
+        "SELECT {k} FROM {t} WHERE {k} >= %s ORDER BY {k} OFFSET %s LIMIT 1"
+    ).format(k=sql.Identifier(key), t=quoted(table.name))
+
+    def key_after(at: int, offset: int) -> int | None:
+        found = conn.execute(step_query, (at, offset)).fetchone()
+        return None if found is None else int(found[0])
+
+    return chunks.cut(table.name, key, chunk_size, KeyStats(*stats), key_after)
 
 
 def chunk_condition(split: ChunkSplit) -> str:
-    """The SQL condition that selects ``split``'s rows, empty for a whole table.
-
-    ``lo <= key < hi`` with open ends left out; the first chunk (``lo`` None) of a cut table
-    also takes the rows whose key is NULL, which no range holds:
+    """The SQL condition that selects ``split``'s rows, empty for a whole table
+    (:func:`splitflow.connectors.cdc.chunks.chunk_condition`).
 
     >>> chunk_condition(ChunkSplit("public.t", 0, "aid", None, 100))
     '("aid" < 100 OR "aid" IS NULL)'
     >>> chunk_condition(ChunkSplit("public.t", 1, "aid", 100, 200))
     '"aid" >= 100 AND "aid" < 200'
     """
-    if not split.key:
-        return ""
-    key = sql.Identifier(split.key).as_string()
-    conditions = []
-    if split.lo is not None:
-        conditions.append(f"{key} >= {int(split.lo)}")
-    if split.hi is not None:
-        upper = f"{key} < {int(split.hi)}"
-        conditions.append(upper if split.lo is not None else f"({upper} OR {key} IS NULL)")
-    return " AND ".join(conditions)
+    return chunks.chunk_condition(split, lambda name: sql.Identifier(name).as_string())
 
 
 def row_bytes(conn: psycopg.Connection[Any], tables: list[str]) -> dict[str, int]:

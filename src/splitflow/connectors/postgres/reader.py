@@ -1,5 +1,7 @@
 """The CDC source's reader: chunk splits read in one snapshot each, the log split from the
-slot with the SQL functions of logical decoding.
+slot with the SQL functions of logical decoding. The plumbing (a chunk or a log piece per
+fetch, the batch's pin, the emitter) is the CDC core's (:mod:`splitflow.connectors.cdc.reader`);
+this module reads PostgreSQL.
 
 **Chunks.** A chunk is read in one ``REPEATABLE READ READ ONLY`` transaction. On Spark it
 imports the snapshot the driver pinned for the batch (:mod:`.pinning`): every read of the
@@ -37,15 +39,16 @@ IDENTITY FULL``.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from splitflow.api.events import SourceEvent
-from splitflow.api.reader import ReaderOutput, SourceReader, SourceReaderContext
-from splitflow.api.split import SplitState
+from splitflow.api.reader import SourceReader, SourceReaderContext
+from splitflow.connectors.cdc import reader as cdc_reader
+from splitflow.connectors.cdc.reader import CdcEmitter, CdcReader, LogRead, Piece, Pinned
+from splitflow.connectors.cdc.schema import OutputSchema
 from splitflow.connectors.postgres import catalog, pgoutput, snapshot
 from splitflow.connectors.postgres.pgoutput import format_lsn
 from splitflow.connectors.postgres.pinning import BatchSnapshot, parse_snapshot
@@ -53,16 +56,12 @@ from splitflow.connectors.postgres.splits import (
     CdcSplit,
     ChunkFilter,
     ChunkMark,
-    ChunkReadEvent,
     ChunkSplit,
     LogSplit,
     mark_of,
 )
-from splitflow.connectors.postgres.types import METADATA, ColumnType, to_arrow
+from splitflow.connectors.postgres.types import ColumnType, to_arrow
 from splitflow.errors import ConnectorError, DataLossError
-from splitflow.reader.base import SourceReaderBase
-from splitflow.reader.emitter import RecordEmitter
-from splitflow.reader.split_reader import RecordsBySplits, SplitReader, SplitSlice
 
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
@@ -89,95 +88,28 @@ _CHANGES = frozenset(b"IUD")
 """pgoutput's insert, update and delete message types."""
 
 
-class Piece(NamedTuple):
-    """What the split reader hands the emitter: rows up to ``next_position``, and a
-    chunk's watermark with the chunk's rows."""
-
-    batches: list[pa.RecordBatch]
-    next_position: int
-    mark: ChunkMark | None = None
-
-
-class LogRead(NamedTuple):
-    """A log slice being read: its pieces (:meth:`LogDecoder.read`), taken one per fetch,
-    and where it stops."""
-
-    pieces: Generator[Piece, None, None]
-    stop: int
+__all__ = [
+    "CdcEmitter",
+    "CdcReader",
+    "CdcSplitReader",
+    "LogDecoder",
+    "LogRead",
+    "OutputSchema",
+    "Piece",
+    "Pinned",
+    "create_cdc_reader",
+]
 
 
-class CdcEmitter(RecordEmitter[Piece, pa.RecordBatch, CdcSplit]):
-    """Emits a piece's rows, reports a chunk's watermark, moves the position."""
+class CdcSplitReader(cdc_reader.CdcSplitReader):
+    """Reads chunk and log slices (see the module doc) on the core's split reader
+    (:class:`splitflow.connectors.cdc.reader.CdcSplitReader`). One catalog connection per
+    split reader, plus the chunks' (ADBC) and the log's own."""
 
-    def __init__(self, context: SourceReaderContext, report_marks: bool) -> None:
-        self._context = context
-        self._report_marks = report_marks  # only the switch to the log needs them
-
-    def emit(
-        self, element: Piece, output: ReaderOutput[pa.RecordBatch], state: SplitState[CdcSplit]
-    ) -> None:
-        for batch in element.batches:
-            output.collect(batch)
-        if element.mark is not None and self._report_marks:
-            self._context.send_source_event_to_coordinator(ChunkReadEvent(element.mark))
-        state.position = element.next_position
-
-
-class OutputSchema:
-    """The source's row layout: the union of the tables' columns, then the metadata."""
-
-    def __init__(self, columns: Sequence[tuple[str, ColumnType]]) -> None:
-        self.columns = dict(columns)
-        self.arrow = pa.schema(
-            [pa.field(n, k.arrow) for n, k in self.columns.items()]
-            + [pa.field(n, t) for n, t, _ in METADATA]
-        )
-
-    def batches(
-        self,
-        table: str,
-        names: Sequence[str],
-        values: Sequence[Any],
-        rows: int,
-        op: str | list[str],
-        lsn: int | list[int],
-        commit_ts: Any,
-    ) -> list[pa.RecordBatch]:
-        """``rows`` rows of ``table`` with columns ``names`` (the rest null) and their
-        metadata; a metadata value that is not a list is the same for every row."""
-        for name in names:
-            if name not in self.columns:
-                raise ConnectorError(
-                    f"table {table} has column {name}, which is not in the query's schema "
-                    "(it was added after the query started): restart the query"
-                )
-        given = dict(zip(names, values, strict=True))
-        arrays = [
-            given[name] if name in given else pa.nulls(rows, kind.arrow)
-            for name, kind in self.columns.items()
-        ]
-        for (_, arrow, _), value in zip(METADATA, (op, lsn, commit_ts, table), strict=True):
-            arrays.append(
-                pa.array(value, arrow)
-                if isinstance(value, list)
-                else pa.repeat(pa.scalar(value, arrow), rows)
-            )
-        batches: list[pa.RecordBatch] = pa.Table.from_arrays(arrays, schema=self.arrow).to_batches()
-        return batches
-
-
-class CdcSplitReader(SplitReader[Piece, CdcSplit]):
-    """Reads chunk and log slices (see the module doc). One catalog connection per split
-    reader, plus the chunks' (ADBC) and the log's own."""
-
-    def __init__(self, source: PostgresCdcSource, pinned: Pinned) -> None:
+    def __init__(self, source: PostgresCdcSource, pinned: Pinned[BatchSnapshot]) -> None:
+        super().__init__(source.columns(), pinned)
         self._source = source
         self._options = source.options
-        self._pinned = pinned  # the batch's snapshot, when the runtime pins one
-        self._schema = OutputSchema(source.columns())
-        self._slices: dict[str, SplitSlice[CdcSplit]] = {}
-        self._log_at: dict[str, int] = {}  # how far each log split has been read
-        self._log_reads: dict[str, LogRead] = {}  # slices being read, a piece per fetch
         self._wal_sizes: tuple[int, int] | None = None  # WAL page and segment size
         self._adbc: Any = None  # chunk reads (ADBC); the log and the catalog use psycopg
         self._conn: psycopg.Connection[Any] | None = None
@@ -204,44 +136,9 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             self._log_conn.read_only = True
         return self._log_conn
 
-    def handle_splits_changes(self, added: Sequence[SplitSlice[CdcSplit]]) -> None:
-        for piece in added:
-            self._end_log_read(piece.split_id)  # defensive: a split is not added twice
-        self._slices.update((piece.split_id, piece) for piece in added)
-
-    def remove_splits(self, split_ids: Sequence[str]) -> None:
-        for split_id in split_ids:
-            self._slices.pop(split_id, None)
-            self._log_at.pop(split_id, None)
-            self._end_log_read(split_id)
-
-    def wake_up(self) -> None:
-        pass  # every fetch returns after one bounded read
-
-    def fetch(self) -> RecordsBySplits[Piece]:
-        """One chunk (so its rows go out before the next is read), and one piece of the
-        log's slice (:meth:`_read_log`)."""
-        out: RecordsBySplits[Piece] = RecordsBySplits()
-        chunks = [p for p in self._slices.values() if isinstance(p.split, ChunkSplit)]
-        logs = [p for p in self._slices.values() if isinstance(p.split, LogSplit)]
-        if chunks:
-            piece, split = chunks[0], chunks[0].split
-            assert isinstance(split, ChunkSplit)
-            if piece.stop is not None and piece.stop <= split.position:
-                out.mark_finished(split.split_id)  # held back: not in this batch
-            else:
-                out.add(split.split_id, self._read_chunk(split))
-                out.mark_ended(split.split_id)
-            del self._slices[split.split_id]
-        for piece in logs:
-            self._read_log(piece, out)  # type: ignore[arg-type]
-            if piece.split_id in out.finished:
-                del self._slices[piece.split_id]
-        return out
-
     # -- chunks --------------------------------------------------------------------------------
 
-    def _read_chunk(self, split: ChunkSplit) -> Piece:
+    def read_chunk(self, split: ChunkSplit) -> Piece:
         table = self._source.tables.get(split.table) or self._source.table(
             split.table, self._connection()
         )
@@ -254,7 +151,7 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         if self._adbc is None:
             self._adbc = snapshot.connect(self._options.conninfo, self._options.where)
         conn = self._adbc
-        pinned = self._pinned.snapshot
+        pinned: BatchSnapshot | None = self._pinned.event
         try:
             with conn.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -321,41 +218,27 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
 
     # -- the log -------------------------------------------------------------------------------
 
-    def _read_log(self, piece: SplitSlice[LogSplit], out: RecordsBySplits[Piece]) -> None:
-        """The next piece of the log split's slice. The first fetch of a slice starts its
-        read (:meth:`LogDecoder.read`); each fetch takes one piece; the last piece, at the
-        slice's stop, ends the read and finishes a planned slice. Without a planned stop
-        (the harness), each slice reads up to the insert position at its start."""
-        split = piece.split
-        reading = self._log_reads.get(split.split_id)
-        if reading is None:
-            start = self._log_at.get(split.split_id, split.position)
-            if piece.stop is not None and piece.stop <= start:
-                out.mark_finished(split.split_id)
-                return
-            conn = self._connection()
-            insert = _lsn(conn, "pg_current_wal_insert_lsn()")
-            stop = insert if piece.stop is None else piece.stop
-            if stop <= start:
-                return
-            if _lsn(conn, "pg_current_wal_flush_lsn()") < self._written_to(conn, insert):
-                # WAL that no commit flushed yet (a standby snapshot record, an asynchronous
-                # commit): flush it with an empty transaction's synchronous commit, so that
-                # every commit record that starts before the stop is on disk and decodable.
-                conn.execute("SELECT txid_current()")
-            self._check_slot(conn, split, start)
-            marks = [mark_of(m) for m in split.marks]
-            pieces = LogDecoder(self._schema, marks, self._table_of).read(
-                self._log_connection(), self._options.slot, self._options.publication, start, stop
-            )
-            reading = self._log_reads[split.split_id] = LogRead(pieces, stop)
-        element = next(reading.pieces)
-        out.add(split.split_id, element)
-        if element.next_position >= reading.stop:  # the last piece
-            self._end_log_read(split.split_id)
-            self._log_at[split.split_id] = reading.stop
-            if piece.stop is not None:
-                out.mark_finished(split.split_id)
+    def open_log(self, split: LogSplit, start: int, stop: int | None) -> LogRead | None:
+        """Start reading the slice ``[start, stop)``: make sure the WAL before the insert
+        position is flushed, check the slot still holds ``start``, and open the peek
+        (:meth:`LogDecoder.read`), whose pieces the core takes one per fetch. Without a
+        planned stop (the harness), the slice reads up to the insert position now."""
+        conn = self._connection()
+        insert = _lsn(conn, "pg_current_wal_insert_lsn()")
+        stop = insert if stop is None else stop
+        if stop <= start:
+            return None
+        if _lsn(conn, "pg_current_wal_flush_lsn()") < self._written_to(conn, insert):
+            # WAL that no commit flushed yet (a standby snapshot record, an asynchronous
+            # commit): flush it with an empty transaction's synchronous commit, so that
+            # every commit record that starts before the stop is on disk and decodable.
+            conn.execute("SELECT txid_current()")
+        self._check_slot(conn, split, start)
+        marks = [mark_of(m) for m in split.marks]
+        pieces = LogDecoder(self._schema, marks, self._table_of).read(
+            self._log_connection(), self._options.slot, self._options.publication, start, stop
+        )
+        return LogRead(pieces, stop)
 
     def _check_slot(self, conn: psycopg.Connection[Any], split: LogSplit, start: int) -> None:
         """The slot still holds the slice from ``start``: a peek starts at the slot's
@@ -381,13 +264,9 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
                 split_id=split.split_id,
             )
 
-    def _end_log_read(self, split_id: str) -> None:
-        """Forget the split's slice read, if any. One that has not reached its last piece
-        closes its cursor and rolls its transaction back; if the connection broke, closing
-        it ends the transaction on the server as well."""
-        reading = self._log_reads.pop(split_id, None)
-        if reading is None:
-            return
+    def close_log_read(self, reading: LogRead) -> None:
+        """Close a slice's cursor and roll its transaction back; if the connection broke,
+        closing it ends the transaction on the server as well."""
         try:
             reading.pieces.close()
         except psycopg.Error:
@@ -419,8 +298,7 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
         return insert - within if within <= header else insert
 
     def close(self) -> None:
-        for split_id in list(self._log_reads):
-            self._end_log_read(split_id)
+        super().close()
         if self._log_conn is not None:
             self._log_conn.close()
             self._log_conn = None
@@ -438,7 +316,7 @@ class LogDecoder:
 
     def __init__(
         self,
-        schema: OutputSchema,
+        schema: OutputSchema[ColumnType],
         marks: Sequence[ChunkMark],
         table_of: Callable[[str], catalog.Table],
     ) -> None:
@@ -573,13 +451,7 @@ class LogDecoder:
     ) -> list[Any]:
         kinds = self._converters.get(relation.oid)
         if kinds is None:
-            for column in relation.columns:
-                if column.name not in self._schema.columns:
-                    raise ConnectorError(
-                        f"table {table} has column {column.name}, which is not in the "
-                        "query's schema (it was added after the query started): restart the "
-                        "query"
-                    )
+            self._schema.check(table, [c.name for c in relation.columns])
             kinds = self._converters[relation.oid] = [
                 self._schema.columns[c.name] for c in relation.columns
             ]
@@ -615,29 +487,14 @@ def _lsn(conn: psycopg.Connection[Any], function: str) -> int:
     return int(row[0])
 
 
-class Pinned:
-    """The batch's snapshot (:class:`~.pinning.BatchSnapshot`) once the runtime sent it; the
-    reader's split readers read chunks in it. Set before any split is added."""
-
-    snapshot: BatchSnapshot | None = None
-
-
-class CdcReader(SourceReaderBase[Piece, pa.RecordBatch, CdcSplit]):
-    """The CDC source's reader: :class:`SourceReaderBase` that also takes the batch's
-    snapshot, which the runtime sends before the splits."""
-
-    def __init__(self, source: PostgresCdcSource, context: SourceReaderContext) -> None:
-        self._pinned = Pinned()
-        emitter = CdcEmitter(context, report_marks=source.options.mode == "initial")
-        super().__init__(lambda: CdcSplitReader(source, self._pinned), emitter, context)
-
-    def handle_source_event(self, event: SourceEvent) -> None:
-        if isinstance(event, BatchSnapshot):
-            self._pinned.snapshot = event
-        super().handle_source_event(event)
-
-
 def create_cdc_reader(
     source: PostgresCdcSource, context: SourceReaderContext
 ) -> SourceReader[pa.RecordBatch, CdcSplit]:
-    return CdcReader(source, context)
+    """The core's reader (:class:`~splitflow.connectors.cdc.reader.CdcReader`) over
+    :class:`CdcSplitReader`, taking the batch's :class:`~.pinning.BatchSnapshot`."""
+    return CdcReader(
+        lambda pinned: CdcSplitReader(source, pinned),
+        context,
+        report_marks=source.options.mode == "initial",
+        pin_type=BatchSnapshot,
+    )

@@ -66,17 +66,10 @@ from psycopg.abc import Buffer, Transformer
 from psycopg.adapt import AdaptersMap, Loader
 from psycopg.types.string import TextLoader
 
+from splitflow.connectors.cdc.schema import METADATA
 from splitflow.errors import ConfigurationError
 
 __all__ = ["METADATA", "ColumnType", "TypeMapping", "adapters", "to_arrow"]
-
-METADATA: Final = (
-    ("op", pa.string(), "string"),
-    ("lsn", pa.int64(), "bigint"),
-    ("commit_ts", pa.timestamp("us", tz="UTC"), "timestamp"),
-    ("table", pa.string(), "string"),
-)
-"""The columns the source adds to every row, after the table's: name, Arrow and Spark type."""
 
 _NUMERIC: Final = 1700
 #: Unconstrained ``numeric`` is read as decimal(38, 18): 20 integer and 18 fractional digits.

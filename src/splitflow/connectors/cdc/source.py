@@ -1,0 +1,416 @@
+"""The CDC source and enumerator bases: a snapshot in parallel chunks, then one log split.
+
+The enumerator (driver) prepares the log before anything is read (PostgreSQL: the
+publication and the replication slot), so the log holds every change from then on; cuts
+each table into key-range chunks once and assigns them (balanced); collects each chunk's
+watermark (:class:`~.splits.ChunkReadEvent`) as the chunk is read; and, once every chunk is
+read, starts the log split from the log's start position with the marks, so the log skips
+exactly the changes a chunk's rows already held. While chunks are read the source is
+processing backlog; the log is backlog up to its end when it starts. What the log has read
+is confirmed to the database (PostgreSQL: the slot advanced) only as far as a completed
+checkpoint covers it.
+
+A database subclasses :class:`CdcEnumerator` (its hooks: :meth:`~CdcEnumerator.connect`,
+:meth:`~CdcEnumerator.list_tables`, :meth:`~CdcEnumerator.prepare_log`,
+:meth:`~CdcEnumerator.cut_table`, :meth:`~CdcEnumerator.log_end`, and optionally
+:meth:`~CdcEnumerator.confirm`) and :class:`CdcSource`.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+
+import pyarrow as pa
+
+from splitflow.api.assigner import AssignerState, AssigningSplitEnumerator
+from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
+from splitflow.api.events import SourceEvent
+from splitflow.api.source import (
+    Boundedness,
+    Source,
+    SupportsPinnedReads,
+    SupportsSplitReassignmentOnRecovery,
+)
+from splitflow.api.split import Codec
+from splitflow.connectors.cdc.schema import Table, union_columns
+from splitflow.connectors.cdc.splits import (
+    CdcSplit,
+    CdcSplitCodec,
+    CdcState,
+    CdcStateCodec,
+    ChunkReadEvent,
+    ChunkSplit,
+    LogSplit,
+    mark_tuple,
+)
+from splitflow.errors import ConnectorError
+
+MODES = ("initial", "latest", "snapshotOnly")
+"""``initial``: the snapshot, then the log; ``latest``: the log from now on;
+``snapshotOnly``: the snapshot, then the stream ends."""
+
+
+class CdcOptions(Protocol):
+    """What the core reads of a database's parsed options."""
+
+    @property
+    def mode(self) -> str:
+        """One of :data:`MODES`."""
+        ...
+
+    @property
+    def chunk_size(self) -> int:
+        """Rows per snapshot chunk."""
+        ...
+
+    @property
+    def chunks_per_batch(self) -> int | None:
+        """At most this many chunks read per micro-batch (None: all)."""
+        ...
+
+    @property
+    def discovery_interval(self) -> float:
+        """Seconds between looks for tables that newly match."""
+        ...
+
+
+OptionsT = TypeVar("OptionsT", bound=CdcOptions)
+TableT = TypeVar("TableT", bound=Table[Any])
+ConnT = TypeVar("ConnT")
+
+
+class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
+    """Plans the snapshot's chunks and starts the log after them (see the module doc).
+
+    Thread: the coordinator thread, except :meth:`discover_splits` (a worker thread), which
+    reads only values replaced whole (``_tables``, ``_log_start``) and leaves what it found
+    in ``_found_*`` for :meth:`add_splits`, which the handler that follows it calls.
+
+    Tables that match after the log started are snapshotted too while the log runs, without
+    watermarks: a change made to one between its addition to the log and its chunk's read
+    may come both as a change and inside its snapshot row (``op=r``); an upsert by key that
+    keeps the highest ``lsn`` ends exact.
+
+    Hooks (a database implements them): :meth:`connect`, :meth:`list_tables`,
+    :meth:`prepare_log`, :meth:`cut_table` (on the discovery's worker thread, on one
+    connection); :meth:`log_end` (the coordinator thread); :meth:`confirm` (a worker
+    thread).
+    """
+
+    logger: ClassVar[logging.Logger] = logging.getLogger("splitflow.cdc")
+    confirm_warning: ClassVar[str] = "splitflow: could not confirm the log's position: %s"
+
+    def __init__(
+        self,
+        source: CdcSource[Any, Any],
+        context: SplitEnumeratorContext[CdcSplit],
+        state: CdcState | None,
+    ) -> None:
+        options = source.options
+        state = state or CdcState(AssignerState())
+        super().__init__(
+            context,
+            discovery_interval=None
+            if options.mode == "snapshotOnly"
+            else options.discovery_interval,
+            state=state.assigner,
+        )
+        self._source = source
+        self._mode: str = options.mode
+        self._chunk_size: int = options.chunk_size
+        self._chunks_per_batch: int | None = options.chunks_per_batch
+        self._tables: frozenset[str] = frozenset(state.tables)
+        self._marks: dict[str, Any] = {m.split_id: m for m in state.marks}
+        self._log_start = state.log_start
+        self._log_made = state.log_made
+        if self._log_made:
+            self._marks.clear()  # the log split carries them
+        self._found_log_start: int | None = None  # handed over by discovery
+        self._found_tables: tuple[str, ...] = ()  # handed over by discovery
+        known = state.assigner.assigned.keys() | state.assigner.finished  # ids, all kinds
+        self._chunk_ids: set[str] = {
+            s.split_id for s in state.assigner.unassigned if isinstance(s, ChunkSplit)
+        } | {sid for sid in known if not sid.startswith("log:")}
+        self._log_seen: int | None = None  # the log's position at the last planning
+        self._pending: dict[int, int] = {}  # checkpoint id -> log position safe to confirm
+        self._confirmed = 0
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def connect(self) -> AbstractContextManager[ConnT]:
+        """A connection for one discovery (a worker thread), closed when it ends."""
+
+    @abstractmethod
+    def list_tables(self, conn: ConnT) -> list[str]:
+        """The names of the tables the options match now, sorted. A table the options name
+        that does not exist is a ConfigurationError naming the option."""
+
+    def prepare_log(
+        self, conn: ConnT, tables: list[str], new: list[str], start: bool
+    ) -> int | None:
+        """Make the log carry the changes of ``tables`` (``new``: those not seen before),
+        before any of their chunks is read; with ``start``, also return the position the
+        log starts from (every change at or past it will be read). Called on streams only
+        (``startupMode`` not ``snapshotOnly``), when there are new tables or no start yet.
+        PostgreSQL: the publication, then the slot. Default: nothing to prepare, and the
+        log starts at its end now."""
+        return self.log_end(None) if start else None
+
+    @abstractmethod
+    def cut_table(self, conn: ConnT, table: str) -> list[ChunkSplit]:
+        """``table``'s chunks (usually :func:`~splitflow.connectors.cdc.chunks.cut`)."""
+
+    @abstractmethod
+    def log_end(self, split: LogSplit | None) -> int:
+        """The log's end now: the position after the last change written. ``split``: the
+        log split being planned (None: the log has not started), so that a log that can no
+        longer be read from its position raises
+        :class:`~splitflow.errors.DataLossError` naming it.
+
+        Called by: the coordinator thread when the runtime plans (may block briefly), and
+        by the default :meth:`prepare_log` on the discovery's thread."""
+
+    def confirm(self, position: int) -> None:
+        """Tell the database the log before ``position`` is no longer needed (a completed
+        checkpoint covers it). Called by: a worker thread. Default: nothing."""
+
+    def bytes_per_log_position(self) -> float:
+        """About how many bytes one log position holds, for ``maxBytesPerBatch``. Called
+        by: the coordinator thread, after :meth:`log_end`. Default 1.0: positions are
+        bytes (PostgreSQL's WAL)."""
+        return 1.0
+
+    # -- discovery (worker thread) ------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def discover_splits(self) -> Sequence[CdcSplit]:
+        with self.connect() as conn:
+            tables = self.list_tables(conn)
+            new = [t for t in tables if t not in self._tables]
+            if self._mode != "snapshotOnly" and (new or self._log_start is None):
+                start = self.prepare_log(conn, tables, new, self._log_start is None)
+                if self._log_start is None:
+                    self._found_log_start = start
+            if not new:
+                return []
+            self._found_tables = tuple(new)
+            if self._mode == "latest":
+                return []
+            splits: list[CdcSplit] = []
+            for table in new:
+                splits.extend(self.cut_table(conn, table))
+            return splits
+
+    def on_discovery_error(self, error: BaseException) -> None:
+        if isinstance(error, ConnectorError | ValueError):
+            raise error  # names the server, option or table already
+        super().on_discovery_error(error)
+
+    def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
+        """Discovery lists only new tables' chunks: a split it does not list is not gone."""
+
+    def add_splits(self, splits: Sequence[CdcSplit], *, at_start: bool = False) -> None:
+        """Also takes over what the discovery before it found: the log's start and the
+        tables it cut (a table is cut once)."""
+        if self._found_log_start is not None and self._log_start is None:
+            self._log_start = self._found_log_start
+        self._tables = self._tables | set(self._found_tables)
+        self._found_tables = ()
+        self._chunk_ids |= {s.split_id for s in splits if isinstance(s, ChunkSplit)}
+        if self._mode == "initial" and not self._log_made and splits:
+            self.hold_backlog(True)
+        super().add_splits(splits, at_start=at_start)
+        self._maybe_start_log()
+
+    # -- the switch to the log ---------------------------------------------------------------
+
+    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
+        if isinstance(event, ChunkReadEvent):
+            if not self._log_made:  # later chunks (new tables) have no place in the log
+                self._marks[event.mark.split_id] = event.mark
+            return
+        super().handle_source_event(reader_id, event)
+        self._maybe_start_log()
+
+    def _maybe_start_log(self) -> None:
+        if self._log_made or self._mode == "snapshotOnly" or self._log_start is None:
+            return
+        if not self.discovered or not self._chunk_ids <= self.finished_splits():
+            return
+        unmarked = sorted(self._chunk_ids - self._marks.keys())
+        if unmarked:
+            raise ConnectorError(
+                f"chunk(s) {', '.join(unmarked[:5])} were read but their watermarks never "
+                "reached the enumerator: run the query with option stateDir (the readers "
+                "report watermarks through it)"
+            )
+        marks = tuple(mark_tuple(self._marks[sid]) for sid in sorted(self._chunk_ids))
+        self._log_made = True
+        self._marks.clear()
+        self.logger.info("splitflow: snapshot read (%d chunks): the log starts", len(marks))
+        super().add_splits([LogSplit(self._source.log_name, self._log_start, marks)])
+        self.hold_backlog(False)
+
+    def backlog_boundary(
+        self, split: CdcSplit, extent: SplitExtent | None, at_start: bool
+    ) -> int | None:
+        """The log is backlog up to its end when it starts; chunks are backlog through the
+        held flag while the snapshot lasts."""
+        if isinstance(split, LogSplit) and extent is not None:
+            return extent.latest
+        return None
+
+    # -- positions -----------------------------------------------------------------------------
+
+    def latest_positions(self, splits: Sequence[CdcSplit]) -> Mapping[str, SplitExtent]:
+        """Chunks: read whole (1), at most ``maxChunksPerBatch`` of them per batch; the log:
+        up to :meth:`log_end`."""
+        extents: dict[str, SplitExtent] = {}
+        logs = [s for s in splits if isinstance(s, LogSplit)]
+        chunks = sorted((s for s in splits if isinstance(s, ChunkSplit)), key=_chunk_order)
+        admit = self._chunks_per_batch
+        for n, split in enumerate(chunks):
+            size = float(self._source.row_bytes.get(split.table, 100) * self._chunk_size)
+            held = admit is not None and n >= admit and split.position == 0
+            extents[split.split_id] = SplitExtent(  # a held chunk has not ended: not final
+                split.position if held else 1, final=not held, bytes_per_position=size, available=1
+            )
+        if logs:
+            log_split = logs[0]
+            end = self.log_end(log_split)
+            self._log_seen = log_split.position
+            extents[log_split.split_id] = SplitExtent(
+                max(end, log_split.position), bytes_per_position=self.bytes_per_log_position()
+            )
+        return extents
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def snapshot_state(self, checkpoint_id: int) -> CdcState:  # type: ignore[override]
+        if self._log_seen is not None:
+            self._pending[checkpoint_id] = self._log_seen
+        return CdcState(
+            super().snapshot_state(checkpoint_id),
+            tuple(sorted(self._tables)),
+            tuple(self._marks[s] for s in sorted(self._marks)),
+            self._log_start,
+            self._log_made,
+        )
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Confirm what the completed checkpoint's batches read: the log's position at its
+        planning, which the batch before it (committed) reached."""
+        done = [c for c in self._pending if c <= checkpoint_id]
+        if not done:
+            return
+        position = max(self._pending.pop(c) for c in done)
+        if position <= self._confirmed:
+            return
+        self._confirmed = position
+        self.context.call_async(lambda: self.confirm(position), self._confirm_error)
+
+    def _confirm_error(self, result: None, error: BaseException | None) -> None:
+        if error is not None:  # the next commit confirms further; nothing is lost meanwhile
+            self.logger.warning(self.confirm_warning, error)
+
+
+def _chunk_order(split: ChunkSplit) -> tuple[str, int]:
+    return split.table, split.index
+
+
+class CdcSource(
+    Source[pa.RecordBatch, CdcSplit, CdcState],
+    SupportsSplitReassignmentOnRecovery,
+    SupportsPinnedReads[CdcSplit],
+    Generic[OptionsT, TableT],
+):
+    """A CDC source (see the module doc): the options, the tables matched when it was made
+    (described: columns, keys) and their average row sizes.
+
+    The output schema is the union of the tables' columns by name, then ``op``, ``lsn``,
+    ``commit_ts`` and ``table`` (:mod:`.schema`). A database sets :attr:`source_name`,
+    :attr:`tables_option` and :attr:`mark_type` and implements :attr:`log_name`,
+    :meth:`enumerator`, ``create_reader`` and ``create_read_pinner``.
+    """
+
+    source_name: ClassVar[str] = "cdc"
+    """The source's name in errors about checkpoints (``postgres-cdc``)."""
+    tables_option: ClassVar[str] = "tables"
+    """The option that lists the tables, named by errors about their columns."""
+    mark_type: ClassVar[type[Any]]
+    """The class of the database's chunk watermark (:class:`~.splits.Watermark`)."""
+
+    def __init__(
+        self,
+        options: OptionsT,
+        tables: Sequence[TableT],
+        row_bytes: Mapping[str, int] | None = None,
+    ) -> None:
+        self.options = options
+        self.tables: dict[str, TableT] = {t.name: t for t in tables}
+        self.row_bytes = dict(row_bytes or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"
+
+    def columns(self) -> list[tuple[str, Any]]:
+        """The union of the tables' columns by name, in first-seen order."""
+        return union_columns(self.tables.values(), self.tables_option)
+
+    @property
+    @abstractmethod
+    def log_name(self) -> str:
+        """The log split's name (its id is ``log:<name>``)."""
+
+    @abstractmethod
+    def enumerator(
+        self, context: SplitEnumeratorContext[CdcSplit], state: CdcState | None
+    ) -> CdcEnumerator[Any]:
+        """A new enumerator, or one restored from ``state``."""
+
+    @property
+    def boundedness(self) -> Boundedness:
+        if self.options.mode == "snapshotOnly":
+            return Boundedness.BOUNDED
+        return Boundedness.CONTINUOUS_UNBOUNDED
+
+    @property
+    def estimates_size(self) -> bool:
+        return True
+
+    @property
+    def event_time_column(self) -> str:
+        """The commit time (null for snapshot rows: chunks carry no event time)."""
+        return "commit_ts"
+
+    def create_enumerator(
+        self, context: SplitEnumeratorContext[CdcSplit]
+    ) -> SplitEnumerator[CdcSplit, CdcState]:
+        return _as_cdc(self.enumerator(context, None))
+
+    def restore_enumerator(
+        self, context: SplitEnumeratorContext[CdcSplit], state: CdcState
+    ) -> SplitEnumerator[CdcSplit, CdcState]:
+        return _as_cdc(self.enumerator(context, state))
+
+    @property
+    def split_codec(self) -> Codec[CdcSplit]:
+        return CdcSplitCodec(self.source_name)
+
+    @property
+    def enumerator_state_codec(self) -> Codec[CdcState]:
+        return CdcStateCodec(self.mark_type, self.source_name)
+
+
+def _as_cdc(enumerator: CdcEnumerator[Any]) -> SplitEnumerator[CdcSplit, CdcState]:
+    """The enumerator as what it is: its snapshots are :class:`CdcState` (its base's typing
+    says :class:`AssignerState`, which :meth:`CdcEnumerator.snapshot_state` wraps)."""
+    return cast(SplitEnumerator[CdcSplit, CdcState], enumerator)
