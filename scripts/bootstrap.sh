@@ -39,6 +39,31 @@ elif [ ! -f /usr/share/java/postgresql.jar ] && [ "$(id -u)" = 0 ] \
         || echo "bootstrap: warning: could not install libpostgresql-jdbc-java;" \
             "bench/pg_snapshot.py compares with a psycopg COPY loop instead of Spark JDBC" >&2
 fi
+# The MySQL/MariaDB CDC tests start a throw-away MariaDB (mariadbd, mariadb-install-db, the
+# mysql user; the package brings the mariadb client too). Where apt may start services, it
+# also starts the system's own MariaDB on port 3306; the tests do not use it.
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: no MariaDB server found; installing mariadb-server" >&2
+        apt-get update -qq && apt-get install -y -qq mariadb-server >/dev/null
+    else
+        echo "bootstrap: warning: no MariaDB server (mariadbd):" \
+            "the MySQL/MariaDB tests will be skipped (install mariadb-server)" >&2
+    fi
+fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka,postgres]"
+"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka,postgres,objectstore,mysql]"
+# Azurite, the Azure Storage emulator the object-store tests start (npm registry, Node 18+),
+# into a project-local folder; only when missing.
+azurite_version=3.37.0
+if [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ]; then
+    if command -v npm >/dev/null 2>&1; then
+        mkdir -p .tools/azurite
+        (cd .tools/azurite && npm install --no-audit --no-fund --silent "azurite@$azurite_version") \
+            || echo "bootstrap: warning: npm could not install azurite; the Azure tests will be skipped" >&2
+    else
+        echo "bootstrap: warning: no npm: the Azure object-store tests will be skipped" \
+            "(install Node.js 18+ and run this again)" >&2
+    fi
+fi

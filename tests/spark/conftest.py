@@ -68,3 +68,28 @@ def spark(spark_session: Any) -> Iterator[Any]:
     yield spark_session
     for query in spark_session.streams.active:
         query.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: Any) -> Iterator[Any]:
+    """moto's S3 server on loopback for the whole run (``tests/support/objectstores.py``)."""
+    from tests.support.objectstores import server_fixture
+
+    yield from server_fixture("s3", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: Any) -> Iterator[Any]:
+    """Azurite (the Azure Storage emulator) on loopback for the whole run."""
+    from tests.support.objectstores import server_fixture
+
+    yield from server_fixture("azure", tmp_path_factory)
+
+
+@pytest.fixture(params=["s3", "azure"])
+def object_store(request: Any) -> Any:
+    """A fresh bucket (moto) or container (Azurite): each test runs once per store."""
+    from tests.support.objectstores import StoreUnderTest
+
+    server = request.getfixturevalue("s3_server" if request.param == "s3" else "azurite")
+    return StoreUnderTest(request.param, server)

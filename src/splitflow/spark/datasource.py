@@ -49,7 +49,7 @@ from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
-from splitflow.spark.options import NAMES, RuntimeOptions
+from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 from splitflow.spark.planner import (
     BatchOffset,
     Planner,
@@ -99,8 +99,12 @@ class SplitflowDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        check_names(self.options, (*NAMES, *self.OPTIONS), self.name(), self.OPTION_PREFIXES)
+        prefixes = (*self.OPTION_PREFIXES, *PREFIXES)
+        check_names(self.options, (*NAMES, *self.OPTIONS), self.name(), prefixes)
         self.runtime = RuntimeOptions.parse(self.options)
+        store = self.runtime.state_store
+        if store is not None:
+            store.check()  # an object store's bucket or container exists and answers
         source = self.create_source()
         for option, value in (
             ("maxBytesPerBatch", self.runtime.max_bytes_per_batch),
@@ -280,9 +284,9 @@ def _record_events(
     data_source: SplitflowDataSource, partition: SlicePartition, events: list[SourceEvent]
 ) -> None:
     """Leave the reader's events for the enumerator (applied once the batch completed)."""
-    state_dir = data_source.runtime.state_dir
-    if state_dir is not None:
-        EventStore(state_dir).write(partition.seq, partition.index, partition.slot, events)
+    store = data_source.runtime.state_store
+    if store is not None:
+        EventStore(store).write(partition.seq, partition.index, partition.slot, events)
     elif any(not isinstance(e, SplitsFinishedEvent) for e in events):
         log.warning(
             "splitflow: %d reader event(s) of batch %d dropped: set option stateDir to "
@@ -314,7 +318,7 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._planner = Planner(
                 self._ds.create_source(),
                 runtime.parallelism,
-                state_dir=runtime.state_dir,
+                state_dir=runtime.state_store,
                 backlog_lag_threshold=runtime.backlog_lag_threshold,
                 event_time=self._ds.event_time,
             )

@@ -8,20 +8,21 @@ planner plans batch ``n + 1``, batch ``n`` has completed: it hands batch ``n``'s
 enumerator and records in the new offset that events up to ``n`` are applied. After a
 restart, the planner applies exactly the batches the restored offset has not.
 
-On a cluster the state directory must be on a filesystem every executor and the driver share.
+On a cluster the state directory must be one every executor and the driver reach: a shared
+filesystem or an object store (:class:`~splitflow.spark.statedir.StateStore`). Planning batch
+``n + 1`` reads ``events/<n>/``: one listing of a folder that holds one object per task of
+batch ``n``, however old the query.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import pickle
-import shutil
 from collections.abc import Sequence
 
 from splitflow.api.events import SourceEvent
 from splitflow.errors import CheckpointStateError, IncompatibleCheckpointError
-from splitflow.spark.statedir import write_atomically
+from splitflow.spark.statedir import StateStore, open_store
 
 
 def encode_events(events: Sequence[SourceEvent]) -> list[str]:
@@ -56,44 +57,46 @@ _LOADABLE = "SourceEvents of classes the connector defines now"
 
 
 class EventStore:
-    """The events directory of one query's state directory."""
+    """The events folder of one query's state directory (local or an object store)."""
 
-    def __init__(self, state_dir: str) -> None:
-        self.root = os.path.join(state_dir, "events")
+    def __init__(self, state_dir: str | StateStore) -> None:
+        self.store = open_store(state_dir)
+        self.root = self.store.path("events")
 
     def _batch(self, seq: int) -> str:
-        return os.path.join(self.root, str(seq))
+        return self.store.path("events", str(seq))
 
     def write(self, seq: int, task: int, slot: int, events: Sequence[SourceEvent]) -> None:
-        """Record what task ``task`` of batch ``seq`` (slot ``slot``) sent. Idempotent."""
-        target = os.path.join(self._batch(seq), f"{task:06d}")
-        write_atomically(target, pickle.dumps((slot, list(events))))
+        """Record what task ``task`` of batch ``seq`` (slot ``slot``) sent. Idempotent: every
+        attempt of the task writes the same events under the same name."""
+        target = self.store.path("events", str(seq), f"{task:06d}")
+        self.store.put(target, pickle.dumps((slot, list(events))))
 
     def read(self, seq: int) -> list[tuple[int, SourceEvent]]:
         """Batch ``seq``'s events as ``(slot, event)``, in task order."""
         directory = self._batch(seq)
-        if not os.path.isdir(directory):
-            return []
         result: list[tuple[int, SourceEvent]] = []
-        for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                try:
-                    slot, events = pickle.load(f)
-                except Exception as e:  # a class since changed, or the file altered
-                    raise CheckpointStateError(
-                        f"option stateDir: cannot read the reader events in {path} "
-                        f"({type(e).__name__}: {e}); were they written by another version "
-                        "of splitflow or of the connector?",
-                        path=path,
-                    ) from e
+        for name in (n for n in self.store.names(directory) if n.isdigit()):
+            path = self.store.path("events", str(seq), name)
+            content = self.store.get(path)
+            if content is None:  # deleted since the listing: by a commit of this query only
+                continue
+            try:
+                slot, events = pickle.loads(content)
+            except Exception as e:  # a class since changed, or the file altered
+                where = self.store.where(path)
+                raise CheckpointStateError(
+                    f"option stateDir: cannot read the reader events in {where} "
+                    f"({type(e).__name__}: {e}); were they written by another version "
+                    "of splitflow or of the connector?",
+                    path=where,
+                ) from e
             result.extend((slot, event) for event in events)
         return result
 
     def discard_through(self, seq: int) -> None:
-        """Forget the events of batches up to ``seq`` (applied and checkpointed)."""
-        if not os.path.isdir(self.root):
-            return
-        for name in os.listdir(self.root):
+        """Forget the events of batches up to ``seq`` (applied and checkpointed). One listing
+        of ``events/``, which holds the batches not yet discarded (a few)."""
+        for name in self.store.names(self.root):
             if name.isdigit() and int(name) <= seq:
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                self.store.delete(self._batch(int(name)), folder=True)

@@ -9,8 +9,10 @@ its ledger and a :class:`LedgerRef`; the ledger itself is a full snapshot file w
     <stateDir>/ledger/snapshot-<n>.json   {"ids": [...]}            all ids after batch n
     <stateDir>/ledger/delta-<n>.json      {"add": [...], "drop": [...]}   batch n's change
 
-The ledger of an offset is its snapshot with its deltas applied in order. Files are written
-atomically, and only ever for an offset being planned: a batch whose offset Spark has
+The ledger of an offset is its snapshot with its deltas applied in order, so restoring reads
+at most ``1 + COMPACT_EVERY`` objects, and planning a batch reads none. Files are written
+whole (:meth:`~splitflow.spark.statedir.StateStore.put`: an atomic rename locally, one PUT
+on an object store), and only ever for an offset being planned: a batch whose offset Spark has
 persisted is never planned again, so a file an offset refers to is never rewritten (a file
 of an offset lost in a crash may be, with the replanned batch's content). Committing a batch
 deletes the files older than its snapshot, which no later offset refers to.
@@ -21,14 +23,13 @@ The state directory belongs to one query, as its checkpoint location does.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError
-from splitflow.spark.statedir import write_atomically
+from splitflow.spark.statedir import StateStore, open_store
 
 COMPACT_EVERY = 10
 """A ledger is written whole again after this many deltas."""
@@ -54,8 +55,9 @@ class LedgerRef:
 class LedgerStore:
     """The ledger directory of one query; remembers the ledger it wrote or loaded last."""
 
-    def __init__(self, state_dir: str) -> None:
-        self.root = os.path.join(state_dir, "ledger")
+    def __init__(self, state_dir: str | StateStore) -> None:
+        self.store = open_store(state_dir)
+        self.root = self.store.path("ledger")
         self._ref: LedgerRef | None = None
         self._ids: frozenset[str] = frozenset()
 
@@ -93,27 +95,31 @@ class LedgerStore:
 
     def discard_before(self, base: int) -> None:
         """Delete the files of batches before snapshot ``base`` (a committed offset's)."""
-        if not os.path.isdir(self.root):
-            return
-        for name in os.listdir(self.root):
+        for name in self.store.names(self.root):
             kind, _, rest = name.partition("-")
             seq = rest.removesuffix(".json")
             if kind in ("snapshot", "delta") and seq.isdigit() and int(seq) < base:
-                os.remove(os.path.join(self.root, name))
+                self.store.delete(self.store.path("ledger", name))
 
     def _write(self, name: str, content: JsonDict) -> None:
         data = json.dumps(content, separators=(",", ":")).encode()
-        write_atomically(os.path.join(self.root, f"{name}.json"), data)
+        self.store.put(self.store.path("ledger", f"{name}.json"), data)
 
     def _read(self, name: str) -> Any:
-        path = os.path.join(self.root, f"{name}.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except FileNotFoundError:
+        path = self.store.path("ledger", f"{name}.json")
+        content = self.store.get(path)
+        if content is None:
+            path = self.store.where(path)
             raise CheckpointStateError(
                 f"ledger file {path} is missing: the checkpoint refers to it; is option "
                 "stateDir the one the query ran with, and is this the query's latest batch "
                 "(a commit discards the files of older ones)",
                 path=path,
-            ) from None
+            )
+        try:
+            return json.loads(content)
+        except ValueError as error:
+            where = self.store.where(path)
+            raise CheckpointStateError(
+                f"option stateDir: ledger file {where} is not JSON: {error}", path=where
+            ) from error

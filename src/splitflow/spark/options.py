@@ -26,7 +26,13 @@ option                        default    meaning
                                          arrives this long before its planned stops
 ``stateDir``                  (none)     directory for the query's source state: reader
                                          events travel to the enumerator through it (on a
-                                         cluster: a filesystem all nodes share)
+                                         cluster: an object store, ``s3://``, ``abfs://``,
+                                         ``gs://``, ``hdfs://``, or a filesystem all nodes
+                                         share)
+``stateDir.<key>``            (none)     storage option ``key`` of stateDir's fsspec
+                                         filesystem (``stateDir.endpoint_url``,
+                                         ``stateDir.account_name``, ...); without them
+                                         the store's client reads its environment
 ``eventTimeColumn``           (source's) the timestamp column that holds event time (the
                                          generator's ``event_time``, Kafka's ``timestamp``,
                                          CDC's ``commit_ts``; files: none); with stateDir,
@@ -45,7 +51,9 @@ is seconds. Spark lower-cases option keys; so does this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
 
 from splitflow.api.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
@@ -57,6 +65,7 @@ from splitflow.spark.planner import (
     ReadAll,
     ReadLimit,
 )
+from splitflow.spark.statedir import StateStore, storage_options
 
 NAMES = (
     "parallelism",
@@ -76,6 +85,9 @@ NAMES = (
 )
 """The runtime's option names (for sources that refuse unknown options)."""
 
+PREFIXES = ("stateDir.",)
+"""The runtime's option prefixes: ``stateDir.<key>`` is a storage option of the state store."""
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -93,6 +105,15 @@ class RuntimeOptions:
     event_time_column: str | None = None
     max_event_time_drift: float | None = None
     split_idle_timeout: float = 60.0
+    state_options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The ``stateDir.<key>`` storage options (may hold credentials: never shown)."""
+
+    @cached_property
+    def state_store(self) -> StateStore | None:
+        """Where the query's source state lives (None without ``stateDir``)."""
+        if self.state_dir is None:
+            return None
+        return StateStore(self.state_dir, self.state_options)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RuntimeOptions:
@@ -129,7 +150,14 @@ class RuntimeOptions:
                 else duration("maxEventTimeDrift", 0.0)
             ),
             split_idle_timeout=duration("splitIdleTimeout", 60.0),
+            state_options=storage_options(options),
         )
+        if parsed.state_options and parsed.state_dir is None:
+            first = sorted(parsed.state_options)[0]
+            raise ConfigurationError(
+                f"option stateDir.{first} is given without option stateDir",
+                option=f"stateDir.{first}",
+            )
         if parsed.max_event_time_drift is not None and parsed.state_dir is None:
             raise ConfigurationError(
                 "option maxEventTimeDrift needs option stateDir: the readers report each "

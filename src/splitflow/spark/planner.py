@@ -50,7 +50,7 @@ from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerRef, LedgerStore
-from splitflow.spark.statedir import Owner
+from splitflow.spark.statedir import Owner, StateStore
 
 log = logging.getLogger("splitflow.spark")
 
@@ -319,7 +319,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         parallelism: int,
         *,
         clock: Callable[[], float] = time.monotonic,
-        state_dir: str | None = None,
+        state_dir: str | StateStore | None = None,
         backlog_lag_threshold: int | None = None,
         event_time: EventTimeSettings | None = None,
     ) -> None:
