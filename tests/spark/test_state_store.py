@@ -351,4 +351,3 @@ def test_a_read_only_credential_fails_the_first_write_naming_the_object(azurite:
     ), message
     assert "the batch is not committed" in message
     assert sas not in message
-    print(message)

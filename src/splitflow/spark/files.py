@@ -30,6 +30,7 @@ from splitflow.api.options import parse_bytes, parse_duration, parse_flag, parse
 from splitflow.connectors.files import CsvOptions, FilesSource, default_format
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.statedir import storage_options
 
 _RESOLVED_SCHEMA = "splitflow.files.schema"
 """Option key under which the query's schema (Spark JSON) travels to executors."""
@@ -62,6 +63,8 @@ class FilesDataSource(SplitflowDataSource):
         "failOnDataLoss",
         _RESOLVED_SCHEMA,
     )
+    OPTION_PREFIXES = ("path.",)
+    """``path.<key>``: a storage option of the fsspec filesystem of ``path`` (s3fs, adlfs)."""
 
     @classmethod
     def name(cls) -> str:
@@ -171,6 +174,7 @@ class FilesDataSource(SplitflowDataSource):
             bad_files=bad_files,
             fail_on_data_loss=self._flag("failOnDataLoss", True),
             csv=csv,
+            storage_options=storage_options(self.options, "path."),
             event_time_column=self.runtime.event_time_column,
         )
         if not self._loaded and not source.directory_exists():  # checked at load() only:

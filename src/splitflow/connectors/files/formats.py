@@ -46,23 +46,36 @@ class BadFileError(ConnectorError):
 
 
 @lru_cache(maxsize=16)
-def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+def resolve(uri: str, options: tuple[tuple[str, Any], ...] = ()) -> tuple[pafs.FileSystem, str]:
     """The filesystem of ``uri`` and the path inside it (pyarrow's, else fsspec's).
 
-    Cached per process: executors open many splits of the same source.
+    ``options``: fsspec storage options (the ``path.<key>`` Spark options); with them the
+    filesystem is always fsspec's (``s3fs``, ``adlfs``, ``gcsfs``), without a listings
+    cache, so that discovery sees files as they land. Cached per process: executors open
+    many splits of the same source.
     """
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return fs, str(path)
-    except (pa.ArrowInvalid, ValueError, TypeError):
-        pass
+    if not options:
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            return fs, str(path)
+        except (pa.ArrowInvalid, ValueError, TypeError):
+            pass
     try:
         import fsspec  # type: ignore[import-untyped]
     except ImportError as error:  # pragma: no cover - fsspec is a dependency
         raise ConfigurationError(
             f"option path: pyarrow cannot open {uri!r}; install fsspec", option="path"
         ) from error
-    fs, path = fsspec.core.url_to_fs(uri)
+    kwargs = dict(options)
+    if kwargs:
+        kwargs.setdefault("use_listings_cache", False)
+    try:
+        fs, path = fsspec.core.url_to_fs(uri, **kwargs)
+    except ImportError as error:
+        raise ConfigurationError(
+            f"option path: cannot open {uri!r}: {error} (pip install 'splitflow[objectstore]')",
+            option="path",
+        ) from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
 
 

@@ -486,6 +486,7 @@ class FilesSource(
         csv: CsvOptions | None = None,
         bounded: bool = False,
         event_time_column: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if format not in FORMATS:
             raise ConfigurationError(
@@ -526,6 +527,7 @@ class FilesSource(
         self.csv = csv or CsvOptions()
         self.bounded = bounded
         self.time_column = event_time_column
+        self._storage = tuple(sorted((storage_options or {}).items()))  # may hold credentials
         _, base = self.filesystem()
         if clean_source == "archive":
             if not archive_dir:
@@ -533,7 +535,7 @@ class FilesSource(
                     "option sourceArchiveDir is required with cleanSource=archive",
                     option="sourceArchiveDir",
                 )
-            _, archive = resolve(archive_dir)
+            _, archive = resolve(archive_dir, self._storage)
             if (archive.rstrip("/") + "/").startswith(base.rstrip("/") + "/"):
                 raise ConfigurationError(
                     f"option sourceArchiveDir: {archive_dir!r} is inside the source path "
@@ -544,7 +546,7 @@ class FilesSource(
     # -- files --------------------------------------------------------------------------------
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        return resolve(self.path)
+        return resolve(self.path, self._storage)
 
     def list_files(self) -> list[FileEntry]:
         """The files to read; ConnectorError naming option path if they cannot be listed
@@ -608,7 +610,7 @@ class FilesSource(
                     fs.delete_file(path)
                 else:
                     assert self.archive_dir is not None
-                    _, archive = resolve(self.archive_dir)
+                    _, archive = resolve(self.archive_dir, self._storage)
                     relative = posixpath.relpath(path, base)
                     target = posixpath.join(archive, relative)
                     fs.create_dir(posixpath.dirname(target), recursive=True)

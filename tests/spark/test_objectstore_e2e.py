@@ -1,0 +1,214 @@
+"""Exactly once with ``stateDir`` on an object store (moto's S3 server, Azurite): a rescale
+and a driver SIGKILL, with reader events, the ledger of finished splits and the owner token
+all on the store, and the store's objects cleaned up as batches commit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.spark.sources import read_task_log
+from tests.spark.support import (
+    FAULTY,
+    Job,
+    assert_exactly_once,
+    log_ids,
+    sink_rows,
+    start_stream,
+    wait_caught_up,
+    wait_until,
+)
+from tests.spark.test_streaming_e2e import Producer
+
+from splitflow.testing.sequence import SequenceCatalog
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[Any]:
+    started: list[Job] = []
+
+    def start(*args: str) -> Job:
+        job = Job(list(args), tmp_path / "jobs.log")
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.close()
+
+
+def test_a_rescale_with_state_on_the_store_is_exactly_once(
+    tmp_path: Path, spark: Any, object_store: Any
+) -> None:
+    """Parallelism 2, then 3, then 1 on one checkpoint, with sealed splits finishing in each
+    run (the ledger) and stateDir on the store: every record once, the ledger on the store
+    holds the finished splits, and committed batches' objects are gone."""
+    catalog = SequenceCatalog({"a": 30, "b": 20}, path=str(tmp_path / "catalog.json"))
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    state = {"stateDir": object_store.url("q"), **object_store.spark_options()}
+    for run, parallelism in enumerate((2, 3, 1)):
+        for i in range(3):
+            catalog.add(f"sealed-{run}-{i}", 5)
+            catalog.seal(f"sealed-{run}-{i}")
+        query = start_stream(
+            spark,
+            catalog,
+            out,
+            checkpoint,
+            parallelism=parallelism,
+            maxRecordsPerBatch=15,
+            discoveryInterval="200ms",
+            **state,
+        )
+        sealed = [name for name in catalog.lengths() if name.startswith("sealed")]
+        wait_caught_up(query, catalog, ignore=sealed)  # finished splits leave the report
+        wait_until(
+            "every record in the sink",
+            lambda: len(sink_rows(spark, out)) == len(catalog.records()),
+            60,
+        )
+        query.stop()
+        assert_exactly_once(sink_rows(spark, out), catalog.records())
+        catalog.append("a", 4)
+    names = object_store.fs.ls(object_store.url("q"), detail=False)
+    assert {n.rsplit("/", 1)[-1] for n in names} >= {"owner.json", "ledger"}
+    ledger = object_store.fs.ls(object_store.url("q", "ledger"), detail=False)
+    assert 1 <= len(ledger) <= 12, ledger
+
+
+def test_a_driver_sigkill_mid_batch_with_state_on_the_store_is_exactly_once(
+    tmp_path: Path, spark: Any, jobs: Any, object_store: Any
+) -> None:
+    """The driver is SIGKILLed while a planned batch's tasks read (events not yet on the
+    store); the next run replays that batch from its offset and reads everything once."""
+    catalog = SequenceCatalog({"a": 40, "b": 25, "c": 10}, path=str(tmp_path / "catalog.json"))
+    out, checkpoint, done = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "done"
+    tasks = tmp_path / "tasks"
+    args = [
+        f"--catalog={catalog.path}",
+        f"--out={out}",
+        f"--checkpoint={checkpoint}",
+        "--parallelism=2",
+        "--max-records-per-batch=500",
+        "--trigger=500ms",
+        f"--source={FAULTY}",
+        "--option=readDelay=1s",
+        "--option=discoveryInterval=500ms",
+        f"--option=taskLog={tasks}",
+        f"--option=stateDir={object_store.url('q')}",
+        *(f"--option={k}={v}" for k, v in object_store.spark_options().items()),
+        f"--done-file={done}",
+    ]
+    producer = Producer(catalog)
+    producer.start()
+    try:
+        run1 = jobs(*args)
+        wait_until("run 1's first batch", lambda: run1.check_alive() and run1.batches(), 120)
+        catalog.add("added-1", 7)
+
+        def reading() -> int | None:
+            run1.check_alive()
+            in_flight = set(log_ids(checkpoint, "offsets")) - set(log_ids(checkpoint, "commits"))
+            started = {t["batch"] for t in read_task_log(tasks) if t["outcome"] == "started"}
+            return min(in_flight & started, default=None)
+
+        killed = wait_until("a batch whose tasks are reading", reading, 60, step=0.02)
+        run1.kill()
+        assert killed not in log_ids(checkpoint, "commits")
+        run2 = jobs(*args)
+        wait_until("run 2 to complete a batch", lambda: run2.check_alive() and run2.batches(), 120)
+    finally:
+        producer.stop()
+    done.touch()
+    assert run2.finish(120) == 0, run2.lines
+    assert killed in run2.batches() or killed in log_ids(checkpoint, "commits")
+    assert_exactly_once(sink_rows(spark, out), catalog.records())
+    log = read_task_log(tasks)
+    slices: dict[tuple[int, int], set[str]] = {}
+    for task in log:
+        slices.setdefault((task["batch"], task["partition"]), set()).add(str(task["slices"]))
+    assert all(len(planned) == 1 for planned in slices.values()), slices
+    for secret in object_store.secrets():
+        for offset in (checkpoint / "offsets").iterdir():
+            assert secret.encode() not in offset.read_bytes()
+
+
+# -- the files source on the store ----------------------------------------------------------------
+
+
+def test_the_files_source_reads_a_landing_zone_on_the_store_exactly_once(
+    tmp_path: Path, spark: Any, object_store: Any
+) -> None:
+    """JSON files land in the bucket (or container) while the query runs, with state on the
+    store too: discovery by listing, files cut into byte ranges (``maxSplitBytes``), files
+    deleted once committed (``cleanSource=delete``); every row once."""
+    from tests.spark.test_files_e2e import SCHEMA_DDL, expected_rows, rows_of
+    from tests.spark.test_files_e2e import sink_rows as file_rows
+
+    fs = object_store.fs
+
+    def land(name: str) -> None:  # one PUT: a file appears whole
+        rows = rows_of(name)
+        fs.pipe_file(
+            object_store.url("landing", name), "".join(json.dumps(r) + "\n" for r in rows).encode()
+        )
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    names = [f"f{i:03d}.json" for i in range(6)]
+    for name in names[:3]:
+        land(name)
+    reader = (
+        spark.readStream.format("splitflow-files")
+        .schema(SCHEMA_DDL)
+        .option("path", object_store.url("landing"))
+        .option("format", "json")
+        .option("parallelism", "2")
+        .option("maxSplitBytes", "400")
+        .option("maxFilesPerBatch", "2")
+        .option("discoveryInterval", "200ms")
+        .option("cleanSource", "delete")
+        .option("stateDir", object_store.url("state"))
+    )
+    for key, value in {
+        **object_store.spark_options("path"),
+        **object_store.spark_options("stateDir"),
+    }.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        wait_until("the first files read", lambda: len(file_rows(spark, out)) > 0, 120)
+        for name in names[3:]:
+            land(name)
+        wait_until(
+            "every landed row in the sink",
+            lambda: (
+                (query.exception() is None and file_rows(spark, out) == expected_rows(names))
+                or (query.exception() is not None and _raise(query.exception()))
+            ),
+            120,
+        )
+
+        def cleaned() -> bool:
+            left = fs.ls(object_store.url("landing"), detail=False)
+            return len(left) <= 2  # the last batch's files wait for its commit
+
+        wait_until("committed files deleted (cleanSource)", cleaned, 60)
+    finally:
+        query.stop()
+    assert file_rows(spark, out) == expected_rows(names)
+
+
+def _raise(error: Any) -> bool:
+    raise AssertionError(f"the query failed: {error}")
