@@ -11,6 +11,7 @@ from splitflow.spark.datasource import SplitflowDataSource
 from splitflow.spark.files import FilesDataSource
 from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.kafka import KafkaDataSource
+from splitflow.spark.mysql import MySqlCdcDataSource
 from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.postgres import PostgresCdcDataSource
 from splitflow.spark.sequence import SequenceDataSource
@@ -21,6 +22,7 @@ BUILT_IN: tuple[type[SplitflowDataSource], ...] = (
     KafkaDataSource,
     FilesDataSource,
     PostgresCdcDataSource,
+    MySqlCdcDataSource,
 )
 
 
@@ -35,6 +37,7 @@ __all__ = [
     "FilesDataSource",
     "GeneratorDataSource",
     "KafkaDataSource",
+    "MySqlCdcDataSource",
     "PostgresCdcDataSource",
     "RuntimeOptions",
     "SequenceDataSource",

@@ -147,14 +147,21 @@ def test_the_log_split_with_200_tables_shrinks_as_the_log_passes_their_marks(
         return len(json.dumps(codec.encode(LogSplit("shop_orders", position, every))))
 
     start, half, past = size(9_000), size(20_000), size(40_000)
+    positions = tuple(m[:4] + m[-1:] for m in every)  # MySQL's marks: PositionMark
+
+    def mysql(position: int) -> int:
+        return len(json.dumps(codec.encode(LogSplit("binlog", position, positions))))
+
     with capsys.disabled():
         print(
-            f"\nlog split, 200 tables x 4 chunks: {start:,} bytes at the start, "
-            f"{half:,} once the log passed half the tables, {past:,} once past all"
+            f"\nlog split, 200 tables x 4 chunks: PostgreSQL marks {start:,} bytes at the "
+            f"start, {half:,} once the log passed half the tables, {past:,} once past all; "
+            f"MySQL marks {mysql(9_000):,}, {mysql(20_000):,}, {mysql(40_000):,}"
         )
     assert start > 50_000
     assert 0.4 < half / start < 0.6
     assert past < 100
+    assert mysql(40_000) < 100
 
 
 # -- the core's pieces ------------------------------------------------------------------------

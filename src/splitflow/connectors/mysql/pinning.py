@@ -1,0 +1,97 @@
+"""One binlog position per planned batch: every chunk of the batch is read as the table stood
+there.
+
+MariaDB cannot export a snapshot to other sessions (no ``pg_export_snapshot()``), so the
+PostgreSQL design (the driver holds one snapshot, every task imports it) cannot be built.
+The rule it keeps, that every read of a planned batch returns the same rows with the same
+watermark (Spark reads a micro-batch again for each action in ``foreachBatch``, a
+``MERGE``, a retried or speculative task, a recomputed stage), is kept by a **position**
+instead:
+
+* the driver pins one log position ``P`` per batch that reads chunks
+  (:class:`PositionPinner`): the binlog position of a consistent snapshot it takes and ends
+  at once (``binlog_snapshot_position``, as a GTID with ``BINLOG_GTID_POS``). Every
+  transaction before ``P`` is committed and visible to any later snapshot. Nothing is held
+  on the server;
+* a task reads its chunk in a consistent snapshot of its own, which lies at ``S >= P`` in
+  the binlog, then reads the binlog's transactions in ``[P, S)`` and **rewinds** the chunk
+  to ``P``: it undoes their changes to the chunk's rows, last first (an insert removed, a
+  delete put back, an update put back to its before image). For a keyed row that is the
+  before image of the first change after ``P``. The result is the chunk as of ``P``,
+  whatever ``S`` the read happened to get;
+* the chunk's watermark is ``P`` (:class:`~splitflow.connectors.cdc.splits.PositionMark`):
+  the log leaves out a change to the chunk's keys exactly when its position is below
+  ``P``, and the ``r`` rows' ``lsn`` is ``P``.
+
+This is Flink CDC's watermark correction run backwards to a fixed point instead of forwards
+to a high watermark that differs with every read. A restarted driver pins a new position
+for the batch it replays; every read of the replay sees that one (a pin is nothing but its
+event, so nothing on the server outlives a driver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from splitflow.api.events import SourceEvent
+from splitflow.api.source import ReadPinner
+from splitflow.connectors.cdc.splits import CdcSplit, ChunkSplit
+from splitflow.connectors.mysql import catalog
+from splitflow.connectors.mysql.options import MySqlOptions
+from splitflow.errors import ConnectorError
+
+
+@dataclass(frozen=True)
+class BatchPosition(SourceEvent):
+    """Driver -> every task of batch ``batch``: read chunks as of log position
+    ``position`` (``P``), which lies at ``gtid`` (the GTID position there, ``0-1-41``;
+    empty before any transaction) and at binlog ``(file, offset)``.
+
+    >>> BatchPosition(7, "0-1-41", 3, 1165, 42).where
+    'position 42 (after GTID 0-1-41) of batch 7'
+    """
+
+    batch: int
+    gtid: str
+    file: int
+    offset: int
+    position: int
+
+    @property
+    def where(self) -> str:
+        return f"position {self.position} (after GTID {self.gtid or 'none'}) of batch {self.batch}"
+
+
+class PositionPinner(ReadPinner[CdcSplit]):
+    """Pins one binlog position per batch that reads chunks (see the module doc).
+
+    ``pin`` returns the same event for a batch until it is released; it holds nothing on
+    the server.
+    """
+
+    def __init__(self, options: MySqlOptions) -> None:
+        self._options = options
+        self._held: dict[int, BatchPosition] = {}
+
+    def pin(self, batch: int, splits: Sequence[CdcSplit]) -> BatchPosition | None:
+        if not any(isinstance(s, ChunkSplit) for s in splits):
+            return None  # the log's slices are repeatable by themselves
+        held = self._held.get(batch)
+        if held is not None:
+            return held
+        with catalog.connect(self._options) as conn:
+            (file, offset), gtid, position = catalog.snapshot_position(conn, self._options.where)
+        if file == 0 and offset == 0:
+            raise ConnectorError(
+                f"MySQL {self._options.where} writes no binlog: a stream reads every batch's "
+                "chunks as of one binlog position, so it needs the binlog even with "
+                "startupMode=snapshotOnly (spark.read needs none)"
+            )
+        event = BatchPosition(batch, gtid, file, offset, position)
+        self._held[batch] = event
+        return event
+
+    def release(self, through_batch: int) -> None:
+        for batch in [b for b in self._held if b <= through_batch]:
+            del self._held[batch]

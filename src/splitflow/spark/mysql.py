@@ -1,0 +1,98 @@
+"""Change data capture from MariaDB on Spark: ``format("splitflow-mysql-cdc")``.
+
+Streaming reads snapshot the tables in parallel chunks, then stream the binlog;
+``spark.read`` reads the snapshot only. The options are Flink CDC's MySQL connector's in
+Spark's spelling (:mod:`splitflow.connectors.mysql.options`), plus the runtime's
+(:mod:`splitflow.spark.options`); rows carry the tables' columns (the union by name), then
+``op``, ``lsn`` (the transaction's GTID ``seq``; for ``r``, the position the chunk stands
+at), ``commit_ts`` and ``table`` (``db.table``). The tables are described at ``load()``: a
+missing table, a column type the source cannot map or a bad ``chunkKeyColumn`` fails there,
+naming it. See ``docs/cdc.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+
+from splitflow.connectors.mysql import options as mysql_options
+from splitflow.errors import ConfigurationError
+from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.options import NAMES, RuntimeOptions
+
+if TYPE_CHECKING:  # PyMySQL (the mysql extra) is imported only when the source is used
+    from splitflow.connectors.mysql.source import MySqlCdcSource
+
+
+class MySqlCdcDataSource(SplitflowDataSource):
+    """``splitflow-mysql-cdc``: a snapshot of tables, then their changes."""
+
+    OPTIONS = mysql_options.OPTIONS
+    DEFAULT_MAX_BYTES_PER_BATCH = 64 * 1024 * 1024
+    """A micro-batch reads about 64 MiB of binlog unless an option sizes batches (the
+    positions are transactions, sized by the binlog's bytes per transaction), for the
+    reasons PostgreSQL's WAL bound has (``docs/postgres-cdc.md``)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        from splitflow.connectors.mysql import catalog
+        from splitflow.connectors.mysql.options import MySqlOptions
+
+        self._options = MySqlOptions.parse(options, known=set(NAMES))
+        RuntimeOptions.parse(options)  # its errors before any connection is tried
+        with catalog.connect(self._options) as conn:
+            names = catalog.list_tables(conn, self._options)
+            self._tables = [catalog.describe_table(conn, name, self._options) for name in names]
+            self._row_bytes = catalog.row_bytes(conn, names)
+        super().__init__(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "splitflow-mysql-cdc"
+
+    def schema(self) -> str:
+        from splitflow.connectors.cdc.schema import spark_schema
+
+        return spark_schema(self.create_source().columns())
+
+    def create_source(self) -> MySqlCdcSource:
+        from splitflow.connectors.mysql.source import MySqlCdcSource
+
+        return MySqlCdcSource(self._options, self._tables, self._row_bytes)
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        if self._options.mode == "latest":
+            raise ConfigurationError(
+                "option startupMode=latest reads only changes: use readStream (spark.read "
+                "reads the snapshot)",
+                option="startupMode",
+            )
+        self._options = replace(self._options, mode="snapshotOnly")
+        return super().reader(schema)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        from splitflow.connectors.mysql import catalog
+
+        with catalog.connect(self._options) as conn:
+            catalog.check_binlog(conn, self._options.where)
+        low, high = self._options.server_ids
+        needed = 2 * self.runtime.parallelism if self._options.mode != "latest" else 1
+        if high - low + 1 < needed:
+            raise ConfigurationError(
+                f"option serverId: {low}-{high} gives {high - low + 1} replica server id(s), "
+                f"and {needed} binlog readers may run at once (two per reader with "
+                f"parallelism {self.runtime.parallelism}: the log's and the chunks'); give a "
+                f"range of at least {needed} ids that no other replica uses",
+                option="serverId",
+            )
+        if self._options.mode == "initial" and self.runtime.state_dir is None:
+            raise ConfigurationError(
+                "option stateDir is required with startupMode=initial: the snapshot's chunk "
+                "readers report their watermarks to the driver through it",
+                option="stateDir",
+            )
+        return super().streamReader(schema)
+
+    def __repr__(self) -> str:
+        return f"MySqlCdcDataSource({self._options!r})"

@@ -1,0 +1,341 @@
+"""Change data capture on Spark, end to end, one module for every database the CDC core
+serves: each test runs against a real PostgreSQL and a real MariaDB (``db`` parameter).
+
+* A writer thread inserts, updates and deletes rows all along (during the snapshot, across
+  the switch to the log, during the log). The job streams the database's CDC source into
+  Parquet; its driver is SIGKILLed with a batch planned and not committed (in the snapshot,
+  at the switch, in the log), then started again, with the same or another
+  ``parallelism``. The sink is read back in batch order and replayed row by row
+  (:func:`tests.support.cdc.replay`): every key's history whole (``r`` or ``c``, then
+  ``version`` + 1 per ``u``, nothing after a ``d``), no row twice, and the table at the end.
+* The password is nowhere in offsets, state files or the job's log.
+* ``spark.read`` is the snapshot; ``startupMode=latest`` reads only what follows.
+
+``tests/spark/test_postgres_e2e.py`` has PostgreSQL's own (the slot's confirmation, the
+backlog flag in progress).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.spark.support import Job, log_ids, wait_until
+from tests.support.cdc import Writer, replay, sink_in_batch_order
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:'db' is deprecated:DeprecationWarning"),
+]
+
+ROWS = 3000
+SECRET = "s3cret-pw"  # both test servers' password
+
+
+class Database:
+    """What the tests need of one database: its table, its source's options, a writer,
+    its rows and where its log ends now."""
+
+    source: str
+    server: Any
+
+    def create(self, table: str, rows: int) -> None:
+        raise NotImplementedError
+
+    def options(self, table: str, **extra: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def writer(self, table: str, first_id: int) -> Any:
+        raise NotImplementedError
+
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        raise NotImplementedError
+
+    def log_end(self, table: str) -> tuple[str, int]:
+        """The log split's id and the log's end now."""
+        raise NotImplementedError
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        return list(self.server.execute(sql))
+
+
+class PostgresDb(Database):
+    source = "splitflow-postgres-cdc"
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def create(self, table: str, rows: int) -> None:
+        self.server.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
+        )
+        self.server.execute(
+            f"INSERT INTO {table} SELECT g, 0, md5(g::text) FROM generate_series(1, {rows}) g"
+        )
+        self.server.execute(f"ANALYZE {table}")
+
+    def options(self, table: str, **extra: str) -> dict[str, str]:
+        return {"conninfo": self.server.conninfo(), "tables": table, "slotName": f"s_{table}"} | (
+            extra
+        )
+
+    def writer(self, table: str, first_id: int) -> Any:
+        return Writer(self.server, table, first_id)
+
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        return {k: (v, p) for k, v, p in self.execute(f"SELECT id, version, payload FROM {table}")}
+
+    def log_end(self, table: str) -> tuple[str, int]:
+        end = self.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]
+        return f"log:s_{table}", int(end)
+
+
+class MariaDb(Database):
+    source = "splitflow-mysql-cdc"
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def create(self, table: str, rows: int) -> None:
+        self.server.execute(
+            f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, version INT NOT NULL, payload TEXT)"
+        )
+        self.server.execute(f"INSERT INTO {table} SELECT seq, 0, MD5(seq) FROM seq_1_to_{rows}")
+        self.server.execute(f"ANALYZE TABLE {table}")
+
+    def options(self, table: str, **extra: str) -> dict[str, str]:
+        settings = self.server.connection_settings()
+        return {
+            "hostname": settings["host"],
+            "port": str(settings["port"]),
+            "username": settings["user"],
+            "password": settings["password"],
+            "databaseName": settings["database"],
+            "tableName": table,
+            "serverId": "9100-9199",
+        } | extra
+
+    def writer(self, table: str, first_id: int) -> Any:
+        return MariaWriter(self.server, table, first_id)
+
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        return {
+            int(k): (int(v), str(p))
+            for k, v, p in self.execute(f"SELECT id, version, payload FROM {table}")
+        }
+
+    def log_end(self, table: str) -> tuple[str, int]:
+        ((position,),) = self.execute("SELECT @@gtid_binlog_pos")
+        return "log:binlog", int(str(position).rsplit("-", 1)[1]) + 1
+
+
+class MariaWriter(threading.Thread):
+    """:class:`tests.support.cdc.Writer` for MariaDB: inserts (new ids only), updates
+    (``version + 1``) and deletes, a few per 10 ms, until :meth:`stop`."""
+
+    def __init__(self, server: Any, table: str, first_id: int, seed: int = 7) -> None:
+        super().__init__(daemon=True)
+        self.server, self.table, self.next_id, self.seed = server, table, first_id, seed
+        self.stopped = threading.Event()
+        self.changes = 0
+
+    def run(self) -> None:
+        import pymysql
+
+        rng = random.Random(self.seed)
+        while not self.stopped.is_set():
+            try:
+                with contextlib.closing(self.server.connect(autocommit=False)) as conn:
+                    self._write(conn, rng)
+            except pymysql.err.OperationalError:
+                self.stopped.wait(0.2)
+
+    def _write(self, conn: Any, rng: random.Random) -> None:
+        while not self.stopped.wait(0.01):
+            changes = 0
+            with conn.cursor() as cursor:
+                for _ in range(rng.randint(1, 3)):
+                    action, key = rng.random(), rng.randint(1, self.next_id)
+                    if action < 0.35:
+                        cursor.execute(
+                            f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
+                        )
+                        self.next_id += 1
+                    elif action < 0.85:
+                        cursor.execute(
+                            f"UPDATE {self.table} SET version = version + 1, "
+                            "payload = MD5(RAND()) WHERE id = %s",
+                            (key,),
+                        )
+                    else:
+                        cursor.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                    changes += 1
+            conn.commit()
+            self.changes += changes
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(30)
+
+
+@pytest.fixture(scope="module", params=["postgres", "mariadb"])
+def db(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    if request.param == "postgres":
+        from tests.support.postgres import postgres_fixture
+
+        for server in postgres_fixture(tmp_path_factory):
+            yield PostgresDb(server)
+    else:
+        pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")
+        from tests.support.mariadb import mariadb_fixture
+
+        for server in mariadb_fixture(tmp_path_factory):
+            yield MariaDb(server)
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "parallelism_after"),
+    [("snapshot", 2), ("snapshot", 3), ("switch", 2), ("log", 2)],
+    ids=["during-snapshot", "during-snapshot-rescale-to-3", "at-switch-to-log", "during-log"],
+)
+def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
+    db: Database, tmp_path: Path, kill_at: str, parallelism_after: int
+) -> None:
+    table = f"orders_{kill_at}_{parallelism_after}"
+    db.create(table, ROWS)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    catalog, done = tmp_path / "ends.json", tmp_path / "done"
+    catalog.write_text(json.dumps({"lengths": {}, "sealed": []}))
+    options = db.options(
+        table,
+        chunkSize="250",
+        maxChunksPerBatch="2",
+        stateDir=str(tmp_path / "state"),
+        discoveryInterval="1s",
+    )
+
+    def args(parallelism: int) -> list[str]:
+        return [
+            f"--catalog={catalog}",
+            f"--out={out}",
+            f"--checkpoint={checkpoint}",
+            f"--parallelism={parallelism}",
+            "--trigger=500ms",
+            f"--source={db.source}",
+            f"--done-file={done}",
+            *(f"--option={k}={v}" for k, v in options.items()),
+        ]
+
+    def offset_text(batch: int) -> str:
+        return (checkpoint / "offsets" / str(batch)).read_text()
+
+    def planned_not_committed() -> int | None:
+        run1.check_alive()
+        pending = set(log_ids(checkpoint, "offsets")) - set(log_ids(checkpoint, "commits"))
+        committed = log_ids(checkpoint, "commits")
+        for batch in sorted(pending):
+            has_log = '"log:' in offset_text(batch)
+            logged = [b for b in committed if '"log:' in offset_text(b)]
+            if kill_at == "snapshot" and not has_log and committed:
+                return batch
+            if kill_at == "switch" and has_log and not logged:
+                return batch
+            if kill_at == "log" and has_log and len(logged) >= 2:
+                return batch
+        return None
+
+    writer = db.writer(table, ROWS + 1)
+    writer.start()
+    jobs: list[Job] = []
+    try:
+        run1 = Job(args(2), tmp_path / "jobs.log")
+        jobs.append(run1)
+        killed = wait_until(f"a batch to kill {kill_at}", planned_not_committed, 240, step=0.01)
+        run1.kill()
+        assert killed not in log_ids(checkpoint, "commits")
+        run2 = Job(args(parallelism_after), tmp_path / "jobs.log")
+        jobs.append(run2)
+
+        def log_batches() -> int:
+            run2.check_alive()
+            return sum(1 for line in run2.lines if line.startswith("BATCH ") and '"log:' in line)
+
+        wait_until("run 2's log batches", lambda: log_batches() >= 3, 240)
+        writer.stop()
+        split_id, end = db.log_end(table)
+        catalog.write_text(json.dumps({"lengths": {split_id: end}, "sealed": []}))
+        done.touch()
+        assert run2.finish(240) == 0, run2.lines
+        assert "CAUGHT-UP" in run2.lines
+        assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
+        if kill_at == "snapshot":  # run 2's first plan: the unread chunks over its slots
+            slots = json.loads(offset_text(killed + 1).splitlines()[2])["slots"]
+            chunks = [sum(1 for s in slot if s[1]["kind"] == "chunk") for slot in slots]
+            assert len(chunks) == parallelism_after
+            assert min(chunks) >= 1, f"a slot without chunks to read: {chunks}"
+            assert max(chunks) - min(chunks) <= 1, f"chunks unbalanced over slots: {chunks}"
+    finally:
+        writer.stop()
+        for job in jobs:
+            job.close()
+    assert writer.changes > 50, "the writer made too few changes to test anything"
+    for path in [*checkpoint.rglob("*"), *(tmp_path / "state").rglob("*")]:
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), f"the password is in {path}"
+    logged = (tmp_path / "jobs.log").read_text().splitlines()
+    assert not [line for line in logged if SECRET in line and not line.startswith("$ jobs")]
+    rows = sink_in_batch_order(out)
+    found = replay(rows, db.rows(table))
+    assert not found.duplicated, found.duplicated[:10]
+    assert not found.lost, found.lost[:10]
+    assert {r["op"] for r in rows} == {"r", "c", "u", "d"}
+
+
+def test_spark_read_is_the_snapshot_and_latest_reads_only_what_follows(
+    spark: Any, db: Database, tmp_path: Path
+) -> None:
+    table = "read_orders"
+    db.create(table, 5000)
+    reader = spark.read.format(db.source)
+    for key, value in db.options(table, chunkSize="700").items():
+        if key != "slotName":
+            reader = reader.option(key, value)
+    got = sorted((r["id"], r["version"], r["payload"], r["op"]) for r in reader.load().collect())
+    assert got == sorted((i, v, p, "r") for i, (v, p) in db.rows(table).items())
+
+    stream = spark.readStream.format(db.source)
+    for key, value in db.options(table, startupMode="latest").items():
+        stream = stream.option(key, value)
+    query = (
+        stream.load()
+        .writeStream.format("memory")
+        .queryName(f"cdc_latest_{db.source.split('-')[1]}")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    name = f"cdc_latest_{db.source.split('-')[1]}"
+    try:
+        wait_until("the query to start", lambda: query.lastProgress is not None, 60)
+        db.execute(f"INSERT INTO {table} VALUES (9001, 0, 'after')")
+        db.execute(f"UPDATE {table} SET version = 99 WHERE id = 3")
+        db.execute(f"DELETE FROM {table} WHERE id = 4")
+        rows = wait_until(
+            "the three changes",
+            lambda: (lambda r: r if len(r) >= 3 else None)(
+                spark.sql(f"SELECT id, version, op FROM {name} ORDER BY lsn").collect()
+            ),
+            60,
+        )
+    finally:
+        query.stop()
+    deleted = [(r["id"], r["op"]) for r in rows][2]
+    assert [(r["id"], r["version"], r["op"]) for r in rows][:2] == [(9001, 0, "c"), (3, 99, "u")]
+    assert deleted == (4, "d")  # with the old row (MariaDB) or only its key (PostgreSQL)
