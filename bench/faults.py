@@ -11,6 +11,7 @@ source. A failing schedule prints its seed; replay it with ``--seed N --schedule
     python bench/faults.py --schedules 50            # every connector
     python bench/faults.py --connectors files --seed 7 --schedules 1
     python bench/faults.py --quick                   # seed 0's first run, a small generator
+    python bench/faults.py --state-store s3          # stateDir on moto's S3 (or: azure)
 
 One line per connector, the fault kinds applied with their counts, then
 ``RESULT lost=<n> duplicated=<n> schedules=<n> target=0`` (the target is for lost and
@@ -31,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.faults
 
-from tests.faults.harness import extra_kinds, run_schedule
+from tests.faults.harness import DISK_KINDS, extra_kinds, run_schedule
 from tests.faults.schedule import draw
 from tests.faults.workloads import WORKLOADS, GeneratorWorkload, workload
 from tests.spark.cluster import standalone_cluster
@@ -54,6 +55,12 @@ def main() -> None:
         action="store_true",
         help="on a local standalone cluster (a master, two workers), with executor kills too",
     )
+    parser.add_argument(
+        "--state-store",
+        choices=("s3", "azure"),
+        help="stateDir on an object store on loopback (moto's S3, Azurite) instead of the "
+        "local folder; the disk's faults are not drawn then",
+    )
     args = parser.parse_args()
     names = ["generator"] if args.quick else args.connectors.split(",")
     count = 1 if args.quick else args.schedules
@@ -63,7 +70,20 @@ def main() -> None:
         if args.cluster:
             cluster = stack.enter_context(standalone_cluster(root=root / "cluster"))
             spark = {"master": cluster.master_url, "executors": cluster.pids}
+        if args.state_store:
+            spark["state_store"] = stack.enter_context(state_store(args.state_store, root))
         run_all(args, names, count, root, spark)
+
+
+@contextlib.contextmanager
+def state_store(kind: str, root: Path) -> Any:
+    """A bucket on moto's S3 server or a container on Azurite, on loopback, for stateDir."""
+    from tests.support.objectstores import Azurite, MotoS3, StoreUnderTest
+
+    root.mkdir(parents=True, exist_ok=True)
+    server: Any = MotoS3.start(root) if kind == "s3" else Azurite.start(root)
+    with server:
+        yield StoreUnderTest(kind, server)
 
 
 def run_all(
@@ -79,7 +99,9 @@ def run_all(
         began = time.monotonic()
         for seed in range(args.seed, args.seed + count):
             source = GeneratorWorkload(rows=300) if args.quick else workload(name, seed)
-            extra = extra_kinds(cluster=bool(spark))
+            extra = extra_kinds(cluster="master" in spark)
+            if "state_store" in spark:  # the state is not on the disk the faults hit
+                extra = tuple(k for k in extra if k not in DISK_KINDS)
             schedule = draw(seed, name, source.kinds, extra, source.sinks)
             if args.quick:
                 schedule = dataclasses.replace(schedule, runs=schedule.runs[:1])

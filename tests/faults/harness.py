@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 from tests.faults import disk
@@ -89,13 +90,20 @@ def run_schedule(
     *,
     master: str = MASTER,
     executors: Sequence[int] = (),
+    state_store: Any = None,
 ) -> Outcome:
     """Run ``schedule`` on ``workload`` in ``workdir`` (created); see the module doc.
 
     ``master``: Spark's master (a standalone cluster's ``spark://...``); ``executors``: the
     PIDs under which its executors run (a cluster's worker daemons), where ``worker-kill``
     and ``executor-kill`` look for their victims besides the driver's own processes.
+    ``state_store``: a ``tests.support.objectstores.StoreUnderTest`` to hold the query's
+    ``stateDir`` (under ``state-<workload>-<seed>/``) instead of the local folder; the
+    disk's faults do not apply then (draw the schedule without them), and the store's
+    secrets must appear nowhere either.
     """
+    if state_store is not None and set(DISK_KINDS) & set(schedule.kinds()):
+        raise ValueError("the disk's faults do not apply with the state on an object store")
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     rnd = random.Random(f"{schedule.workload}:{schedule.seed}:inject")
@@ -112,7 +120,11 @@ def run_schedule(
         if set(DISK_KINDS) & set(schedule.kinds()):
             drive = stack.enter_context(disk.Disk(workdir / "disk"))
         where = drive.path if drive else workdir
-        checkpoint, state = where / "checkpoint", where / "state"
+        checkpoint, local_state = where / "checkpoint", where / "state"
+        state: Path | str = local_state
+        if state_store is not None:
+            state = state_store.url(f"state-{schedule.workload}-{schedule.seed}")
+            workload.state_options = dict(state_store.options)
 
         def job(parallelism: int, trigger: str) -> Job:
             driver = Job(
@@ -147,7 +159,11 @@ def run_schedule(
                 applied[TWICE] += 1
                 notes.append(f"{TWICE}: every batch read twice ({schedule.sink})")
             count = workload.recount(out)
-            leaks = _leaks(workload.secret, [checkpoint, state, out], log)
+            leaks = _leaks(workload.secret, [checkpoint, local_state, out], log)
+            if state_store is not None:
+                leaks += _store_leaks(workload.secret, state_store, str(state))
+                for secret in state_store.secrets():
+                    leaks += _leaks(secret, [checkpoint, out], log)
         except (AssertionError, subprocess.TimeoutExpired) as failure:
             return outcome(Count(0, 0, 0), str(failure).replace("\n", " | ")[:2000])
     return outcome(count, None, leaks)
@@ -169,6 +185,17 @@ def _leaks(secret: str | None, folders: Sequence[Path], log: Path) -> list[str]:
         f"{log}: {line[:200]}" for line in lines if secret in line and not line.startswith("$ jobs")
     ]
     return found
+
+
+def _store_leaks(secret: str | None, store: Any, url: str) -> list[str]:
+    """Objects of the state directory ``url`` on ``store`` that hold ``secret``."""
+    if secret is None:
+        return []
+    return [
+        str(path)
+        for path in store.fs.find(url)
+        if secret.encode() in bytes(store.fs.cat_file(path))
+    ]
 
 
 def _runs(

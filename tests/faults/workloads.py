@@ -87,11 +87,22 @@ class Workload(ABC):
     output :meth:`recount` reads besides Spark's file sink (fault ``evaluate-twice``)."""
     secret: str | None = None
     """A credential among its options, which must appear nowhere the query writes."""
+    state_options: dict[str, str] = {}  # noqa: RUF012 - replaced, never mutated
+    """The ``stateDir.<key>`` storage options when the state directory is on an object
+    store (``--state-store``): set before :meth:`start`."""
+
+    def state_args(self) -> list[str]:
+        """The driver's ``stateDir`` arguments: the directory and its storage options."""
+        state = getattr(self, "state", None)
+        return [
+            f"--option=stateDir={state}",
+            *(f"--option=stateDir.{k}={v}" for k, v in self.state_options.items()),
+        ]
 
     @abstractmethod
-    def start(self, data: Path, state: Path) -> None:
+    def start(self, data: Path, state: Path | str) -> None:
         """Create the data under ``data`` and keep it arriving; ``state``: the query's
-        ``stateDir`` (on the disk the schedule's faults hit)."""
+        ``stateDir`` (on the disk the schedule's faults hit, or an object store's URL)."""
 
     @abstractmethod
     def job_args(self) -> list[str]:
@@ -126,7 +137,7 @@ class GeneratorWorkload(Workload):
         self.rows, self.rate = rows, rate
         self.started = 0.0
 
-    def start(self, data: Path, state: Path) -> None:
+    def start(self, data: Path, state: Path | str) -> None:
         data.mkdir(parents=True, exist_ok=True)
         self.state = state
         self.started = time.time()
@@ -139,7 +150,7 @@ class GeneratorWorkload(Workload):
             f"--option=rowsPerSplit={self.rows}",
             f"--option=rowsPerSecond={4 * self.rate:g}",
             f"--option=startTime={self.started:.3f}",
-            f"--option=stateDir={self.state}",
+            *self.state_args(),
         ]
 
     def stop(self) -> None:  # the last rows exist once their event time has passed
@@ -173,7 +184,7 @@ class FilesWorkload(Workload):
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, data: Path, state: Path) -> None:
+    def start(self, data: Path, state: Path | str) -> None:
         self.landing, self.state = data / "landing", state
         self.landing.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._produce, daemon=True)
@@ -217,7 +228,7 @@ class FilesWorkload(Workload):
             "--option=maxFilesPerBatch=4",
             "--option=discoveryInterval=200ms",
             "--option=failOnDataLoss=false",
-            f"--option=stateDir={self.state}",
+            *self.state_args(),
         ]
 
     def inject(self, kind: str, rnd: random.Random) -> str:
@@ -276,7 +287,7 @@ class KafkaWorkload(Workload):
         self._broker: Any = None
         self._pause: threading.Timer | None = None  # continues a paused broker
 
-    def start(self, data: Path, state: Path) -> None:
+    def start(self, data: Path, state: Path | str) -> None:
         from tests.support.tansu import Tansu
 
         data.mkdir(parents=True, exist_ok=True)
@@ -318,7 +329,7 @@ class KafkaWorkload(Workload):
             "--option=startingOffsets=earliest",
             "--option=discoveryInterval=500ms",
             "--option=failOnDataLoss=false",
-            f"--option=stateDir={self.state}",
+            *self.state_args(),
             f"--option=kafka.sasl.password={self.secret}",
         ]
 
@@ -393,7 +404,7 @@ class CdcWorkload(Workload):
         self._postgres: Any = None
         self._writer: Any = None
 
-    def start(self, data: Path, state: Path) -> None:
+    def start(self, data: Path, state: Path | str) -> None:
         from tests.support.cdc import Writer
         from tests.support.postgres import Postgres
 
@@ -421,7 +432,7 @@ class CdcWorkload(Workload):
             "--option=chunkSize=50",
             "--option=maxChunksPerBatch=2",
             "--option=discoveryInterval=1s",
-            f"--option=stateDir={self.state}",
+            *self.state_args(),
         ]
 
     def inject(self, kind: str, rnd: random.Random) -> str:

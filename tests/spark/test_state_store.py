@@ -84,6 +84,37 @@ def test_objects_are_written_whole_read_back_listed_and_deleted(object_store: An
     assert store.names(store.path("events")) == ["2"]
 
 
+def test_many_objects_are_read_at_once_and_a_missing_one_is_none(object_store: Any) -> None:
+    """``get_many`` (a batch's reader events): one concurrent read, results in the order
+    asked, None for an object deleted since the listing; a store that fails names the
+    option and shows no secret."""
+    store = _store(object_store, "many")
+    paths = [store.path("events", "3", f"{i:06d}") for i in range(5)]
+    for i, path in enumerate(paths[:4]):
+        store.put(path, f"task {i}".encode())
+    found = store.get_many(paths)
+    assert list(found) == paths
+    assert [found[p] for p in paths] == [b"task 0", b"task 1", b"task 2", b"task 3", None]
+    assert store.get_many(paths[:1]) == {paths[0]: b"task 0"}
+    assert store.get_many([]) == {}
+
+
+def test_a_commit_lists_the_ledger_only_when_its_snapshot_is_newer(object_store: Any) -> None:
+    from splitflow.spark.ledger import COMPACT_EVERY, LedgerStore
+
+    store = _store(object_store, "ledger-lists")
+    listings: list[str] = []
+    original = store.names
+    store.names = lambda folder: listings.append(folder) or original(folder)  # type: ignore[method-assign]
+    ledger = LedgerStore(store)
+    refs = [ledger.write(seq, frozenset(map(str, range(seq)))) for seq in range(1, 15)]
+    for ref in refs:
+        ledger.discard_before(ref.base)
+    assert len(listings) == 2  # snapshot 1, then snapshot COMPACT_EVERY + 2
+    assert sorted(original(ledger.root))[-1] == f"snapshot-{COMPACT_EVERY + 2}.json"
+    assert ledger.load(refs[-1]) == frozenset(map(str, range(14)))
+
+
 def test_the_state_store_creates_an_object_once_of_many_concurrent_creates(
     object_store: Any,
 ) -> None:
@@ -170,7 +201,7 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
 
     store = _store(object_store)
     calls: dict[str, int] = {}
-    for method in ("get", "names", "put", "create", "delete"):
+    for method in ("get", "get_many", "names", "put", "create", "delete"):
         original = getattr(store, method)
 
         def counted(*args: Any, _m: str = method, _o: Any = original, **kw: Any) -> Any:

@@ -23,6 +23,7 @@ Used as fixtures (``s3_server``, ``azurite``, ``object_store``)::
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -160,30 +161,61 @@ class _Server:
         self.stop()
 
 
+_ALLOW_ALL = ["*"]
+S3_READ_ONLY = ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"]
+"""The actions of a read-only S3 credential (:meth:`MotoS3.create_user`)."""
+
+
 class MotoS3(_Server):
-    """moto's S3 server. ``auth=True`` makes it check credentials (IAM) from the first
-    request on: only the users made with :meth:`create_user` get in (the server for the
-    tests of wrong and read-only credentials)."""
+    """moto's S3 server. ``auth=True`` makes it check credentials and IAM policies, as AWS
+    does (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``: the first 3 requests pass unchecked, and
+    :meth:`start` spends them creating an ``admin`` user allowed everything, whose key the
+    server's :meth:`storage_options` and :meth:`client` then use); :meth:`create_user` makes
+    other users (a read-only one for the tests of bad credentials). Without ``auth`` any
+    credentials pass."""
 
     name = "moto S3 server"
+    key, secret = S3_KEY, S3_SECRET
 
     @classmethod
     def start(cls, directory: Path, *, auth: bool = False) -> MotoS3:
         port = free_port()
         env = {"MOTO_ALLOW_NONEXISTENT_REGION": "true", "AWS_DEFAULT_REGION": "us-east-1"}
         if auth:
-            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"  # the admin user's 3 requests below
         server: MotoS3 = cls._launch(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             port,
             Path(directory) / f"moto-{port}.log",
             env,
         )
+        if auth:
+            try:
+                server.key, server.secret = server.create_user("admin", _ALLOW_ALL)
+            except Exception:
+                server.stop()
+                raise
         return server
 
-    def storage_options(self, key: str = S3_KEY, secret: str = S3_SECRET) -> dict[str, str]:
+    def create_user(self, name: str, actions: list[str]) -> tuple[str, str]:
+        """An IAM user allowed ``actions`` on every resource: its access key and secret."""
+        iam = self.client("iam")
+        iam.create_user(UserName=name)
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+        }
+        iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+        created = iam.create_access_key(UserName=name)["AccessKey"]
+        return str(created["AccessKeyId"]), str(created["SecretAccessKey"])
+
+    def storage_options(self, key: str | None = None, secret: str | None = None) -> dict[str, str]:
         """The s3fs options for this server, as strings (as Spark options carry them)."""
-        return {"endpoint_url": self.endpoint, "key": key, "secret": secret}
+        return {
+            "endpoint_url": self.endpoint,
+            "key": key or self.key,
+            "secret": secret or self.secret,
+        }
 
     def filesystem(self, **options: Any) -> Any:
         import s3fs  # type: ignore[import-untyped]
@@ -198,14 +230,14 @@ class MotoS3(_Server):
     def url(self, bucket: str, *parts: str) -> str:
         return "s3://" + "/".join((bucket, *parts))
 
-    def client(self, service: str = "s3", key: str = S3_KEY, secret: str = S3_SECRET) -> Any:
+    def client(self, service: str = "s3", key: str | None = None, secret: str | None = None) -> Any:
         import boto3
 
         return boto3.client(
             service,
             endpoint_url=self.endpoint,
-            aws_access_key_id=key,
-            aws_secret_access_key=secret,
+            aws_access_key_id=key or self.key,
+            aws_secret_access_key=secret or self.secret,
             region_name="us-east-1",
         )
 
@@ -288,6 +320,80 @@ class Azurite(_Server):
 
     def url(self, container: str, *parts: str) -> str:
         return "abfs://" + "/".join((container, *parts))
+
+
+class Outage:
+    """A TCP forwarder on ``127.0.0.1:port`` to ``target_port``, to make a store unreachable
+    and back: :meth:`cut` closes the listening socket and every open connection (clients
+    get "connection refused"), :meth:`restore` listens on the same port again. Runs on
+    daemon threads of this process; :attr:`endpoint` is what the clients are given."""
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, set()
+        for sock in [*sockets, *([listener] if listener else [])]:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with suppress(OSError):
+                sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.cut()
 
 
 def server_fixture(kind: str, tmp_path_factory: Any) -> Iterator[Any]:

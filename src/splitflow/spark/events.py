@@ -76,9 +76,12 @@ class EventStore:
         """Batch ``seq``'s events as ``(slot, event)``, in task order."""
         directory = self._batch(seq)
         result: list[tuple[int, SourceEvent]] = []
-        for name in (n for n in self.store.names(directory) if n.isdigit()):
-            path = self.store.path("events", str(seq), name)
-            content = self.store.get(path)
+        paths = [
+            self.store.path("events", str(seq), name)
+            for name in self.store.names(directory)
+            if name.isdigit()
+        ]
+        for path, content in self.store.get_many(paths).items():
             if content is None:  # deleted since the listing: by a commit of this query only
                 continue
             try:

@@ -60,6 +60,7 @@ class LedgerStore:
         self.root = self.store.path("ledger")
         self._ref: LedgerRef | None = None
         self._ids: frozenset[str] = frozenset()
+        self._discarded = -1  # files before this snapshot are gone (no listing needed)
 
     def write(self, seq: int, ids: frozenset[str]) -> LedgerRef:
         """Record ``ids`` as the ledger of the offset of batch ``seq``."""
@@ -94,12 +95,18 @@ class LedgerStore:
         return self._ids
 
     def discard_before(self, base: int) -> None:
-        """Delete the files of batches before snapshot ``base`` (a committed offset's)."""
+        """Delete the files of batches before snapshot ``base`` (a committed offset's).
+        Lists the folder only when ``base`` is newer than the last one discarded before (a
+        snapshot is written every :data:`COMPACT_EVERY` changes, so most commits list
+        nothing)."""
+        if base <= self._discarded:
+            return
         for name in self.store.names(self.root):
             kind, _, rest = name.partition("-")
             seq = rest.removesuffix(".json")
             if kind in ("snapshot", "delta") and seq.isdigit() and int(seq) < base:
                 self.store.delete(self.store.path("ledger", name))
+        self._discarded = base
 
     def _write(self, name: str, content: JsonDict) -> None:
         data = json.dumps(content, separators=(",", ":")).encode()

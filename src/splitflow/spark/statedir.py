@@ -17,7 +17,8 @@ the store only what every object store gives:
   write only if absent, wait :data:`SETTLE_SECONDS`, read back, and win only if the object
   still holds our token; two writers closer together than that may both think they won,
   and the loser finds out at its next batch, before it commits one (``Owner.check``).
-* :meth:`StateStore.get`, :meth:`StateStore.names` (one listing of one small folder),
+* :meth:`StateStore.get`, :meth:`StateStore.get_many` (a batch's reader events, read
+  concurrently), :meth:`StateStore.names` (one listing of one small folder),
   :meth:`StateStore.delete`.
 
 A write that fails (a full or read-only disk, a missing bucket, refused credentials, an
@@ -317,6 +318,27 @@ class StateStore:
             return None
         except Exception as error:
             raise _cannot("read", self.where(path), self._describe(error)) from None
+
+    def get_many(self, paths: list[str]) -> dict[str, bytes | None]:
+        """The content of each of ``paths`` (None: no such object), read concurrently on an
+        object store (one round trip's wait for all, not one per object)."""
+        if self.local or len(paths) < 2:
+            return {path: self.get(path) for path in paths}
+        try:
+            found = self.fs.cat(list(paths), on_error="return")
+        except Exception as error:
+            raise _cannot("read", self.where(paths[0]), self._describe(error)) from None
+        result: dict[str, bytes | None] = {}
+        for path in paths:
+            value = found.get(path, found.get(self.fs._strip_protocol(path)))
+            if isinstance(value, FileNotFoundError):
+                result[path] = None
+            elif isinstance(value, BaseException) or value is None:
+                why = self._describe(value) if value is not None else "no answer"
+                raise _cannot("read", self.where(path), why)
+            else:
+                result[path] = bytes(value)
+        return result
 
     def names(self, folder: str) -> list[str]:
         """The names directly in ``folder`` (files and sub-folders), sorted; [] if none.
