@@ -12,21 +12,20 @@ naming it. See ``docs/cdc.md``.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamReader
 
 from splitflow.connectors.mysql import options as mysql_options
 from splitflow.errors import ConfigurationError
-from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.cdc import CdcDataSource
 from splitflow.spark.options import NAMES, RuntimeOptions
 
 if TYPE_CHECKING:  # PyMySQL (the mysql extra) is imported only when the source is used
     from splitflow.connectors.mysql.source import MySqlCdcSource
 
 
-class MySqlCdcDataSource(SplitflowDataSource):
+class MySqlCdcDataSource(CdcDataSource):
     """``splitflow-mysql-cdc``: a snapshot of tables, then their changes."""
 
     OPTIONS = mysql_options.OPTIONS
@@ -51,25 +50,10 @@ class MySqlCdcDataSource(SplitflowDataSource):
     def name(cls) -> str:
         return "splitflow-mysql-cdc"
 
-    def schema(self) -> str:
-        from splitflow.connectors.cdc.schema import spark_schema
-
-        return spark_schema(self.create_source().columns())
-
     def create_source(self) -> MySqlCdcSource:
         from splitflow.connectors.mysql.source import MySqlCdcSource
 
         return MySqlCdcSource(self._options, self._tables, self._row_bytes)
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        if self._options.mode == "latest":
-            raise ConfigurationError(
-                "option startupMode=latest reads only changes: use readStream (spark.read "
-                "reads the snapshot)",
-                option="startupMode",
-            )
-        self._options = replace(self._options, mode="snapshotOnly")
-        return super().reader(schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         from splitflow.connectors.mysql import catalog

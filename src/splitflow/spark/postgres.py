@@ -12,21 +12,20 @@ replica identity is not FULL fails when the stream starts. See ``docs/postgres-c
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamReader
 
 from splitflow.connectors.postgres import options as postgres_options
 from splitflow.errors import ConfigurationError
-from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.cdc import CdcDataSource
 from splitflow.spark.options import NAMES, RuntimeOptions
 
 if TYPE_CHECKING:  # psycopg (the postgres extra) is imported only when the source is used
     from splitflow.connectors.postgres.source import PostgresCdcSource
 
 
-class PostgresCdcDataSource(SplitflowDataSource):
+class PostgresCdcDataSource(CdcDataSource):
     """``splitflow-postgres-cdc``: a snapshot of tables, then their changes."""
 
     OPTIONS = postgres_options.OPTIONS
@@ -56,25 +55,10 @@ class PostgresCdcDataSource(SplitflowDataSource):
     def name(cls) -> str:
         return "splitflow-postgres-cdc"
 
-    def schema(self) -> str:
-        from splitflow.connectors.cdc.schema import spark_schema
-
-        return spark_schema(self.create_source().columns())
-
     def create_source(self) -> PostgresCdcSource:
         from splitflow.connectors.postgres.source import PostgresCdcSource
 
         return PostgresCdcSource(self._options, self._tables, self._row_bytes)
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        if self._options.mode == "latest":
-            raise ConfigurationError(
-                "option startupMode=latest reads only changes: use readStream (spark.read "
-                "reads the snapshot)",
-                option="startupMode",
-            )
-        self._options = replace(self._options, mode="snapshotOnly")
-        return super().reader(schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         from splitflow.connectors.postgres import catalog
