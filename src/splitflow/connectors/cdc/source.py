@@ -365,6 +365,20 @@ class CdcSource(
         """The union of the tables' columns by name, in first-seen order."""
         return union_columns(self.tables.values(), self.tables_option)
 
+    def table(self, name: str, conn: Any = None) -> TableT:
+        """The description of ``name``, from the source or (a table found later) the
+        server, through ``conn``."""
+        if name in self.tables:
+            return self.tables[name]
+        if conn is None:
+            raise ConnectorError(f"table {name} is not one the query's schema was made from")
+        return self.describe(conn, name)
+
+    @abstractmethod
+    def describe(self, conn: Any, name: str) -> TableT:
+        """Table ``name`` described by the server (``conn``: a connection of the database's
+        client), with the source's options."""
+
     @property
     @abstractmethod
     def log_name(self) -> str:

@@ -150,12 +150,7 @@ class MySqlCdcSource(CdcSource[MySqlOptions, MySqlTable]):
     def log_name(self) -> str:
         return LOG_NAME
 
-    def table(self, name: str, conn: Any = None) -> MySqlTable:
-        """The description of ``name``, from the source or (a table found later) the server."""
-        if name in self.tables:
-            return self.tables[name]
-        if conn is None:
-            raise ConnectorError(f"table {name} is not one the query's schema was made from")
+    def describe(self, conn: Any, name: str) -> MySqlTable:
         return catalog.describe_table(conn, name, self.options)
 
     def enumerator(

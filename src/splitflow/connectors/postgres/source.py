@@ -38,7 +38,7 @@ from splitflow.connectors.postgres.splits import (
     ChunkSplit,
     LogSplit,
 )
-from splitflow.errors import ConnectorError, DataLossError
+from splitflow.errors import DataLossError
 
 log = logging.getLogger("splitflow.postgres")
 
@@ -176,12 +176,7 @@ class PostgresCdcSource(CdcSource[PostgresOptions, Table]):
     def log_name(self) -> str:
         return self.options.slot
 
-    def table(self, name: str, conn: psycopg.Connection[Any] | None = None) -> Table:
-        """The description of ``name``, from the source or (a table found later) the server."""
-        if name in self.tables:
-            return self.tables[name]
-        if conn is None:
-            raise ConnectorError(f"table {name} is not one the query's schema was made from")
+    def describe(self, conn: Any, name: str) -> Table:
         return catalog.describe_table(conn, name, self.options)
 
     def enumerator(
