@@ -63,10 +63,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, tests.spark
 
 import pyarrow as pa
-from tests.spark.support import spark_env
 from tests.support.postgres import Postgres
 
-from _proc_cpu import cpu_seconds, spark_cpu_used, spark_processes
+from _snapshot import CPU_HEADER, ServerCpu, Timed, local_session, noop_rows, report, run_rounds
 
 TARGET = 0.8
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
@@ -99,30 +98,6 @@ def fill(pg: Postgres, rows: int) -> float:
     return time.perf_counter() - began
 
 
-class ServerCpu:
-    """CPU seconds of the PostgreSQL server: the postmaster's own and its children's, the
-    ended ones (reaped: in the postmaster's ``cutime``/``cstime``) and the live ones."""
-
-    def __init__(self, pg: Postgres) -> None:
-        backend = int(pg.execute("SELECT pg_backend_pid()")[0][0])
-        self.postmaster = int(_stat(backend)[1])
-
-    def __call__(self) -> float:
-        fields = _stat(self.postmaster)
-        total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if int(_stat(pid)[1]) == self.postmaster:
-                    total += cpu_seconds(pid)
-            except (OSError, IndexError, ValueError):  # it ended meanwhile
-                continue
-        return total
-
-
-def _stat(pid: int | str) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 # -- the readers -----------------------------------------------------------------------------
 
 
@@ -139,7 +114,7 @@ def splitflow_read(
             .option("parallelism", str(parallelism))
             .load()
         )
-        return _noop_rows(frame)
+        return noop_rows(frame)
 
     return read
 
@@ -160,22 +135,9 @@ def jdbc_read(spark: Any, pg: Postgres, low: int, high: int) -> Callable[[], int
             .option("fetchsize", "10000")
             .load()
         )
-        return _noop_rows(frame)
+        return noop_rows(frame)
 
     return read
-
-
-def _noop_rows(frame: Any) -> int:
-    """Write ``frame`` to the noop sink; the rows it wrote, counted in the same job by an
-    ``Observation`` (a count in the JVM, the same cost for every reader)."""
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as f
-
-    seen = Observation("rows")
-    frame.observe(seen, f.count(f.lit(1)).alias("rows")).write.format("noop").mode(
-        "overwrite"
-    ).save()
-    return int(seen.get["rows"])
 
 
 def copy_read(pg: Postgres) -> Callable[[], int]:
@@ -215,52 +177,6 @@ def _arrow(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
-
-
-class Timed:
-    """One reader's reads: rows/s of each, and the CPU seconds of each kind of process."""
-
-    def __init__(self, label: str, read: Callable[[], int], expected: int, server: ServerCpu):
-        self.label, self.read, self.expected, self.server = label, read, expected, server
-        self.rates: list[float] = []
-        self.cpu: list[dict[str, float]] = []
-
-    def once(self, round_: int | str) -> float:
-        before, server, busy = spark_processes(), self.server(), machine_busy()
-        driver = time.process_time()
-        began = time.perf_counter()
-        rows = self.read()
-        took = time.perf_counter() - began
-        used = spark_cpu_used(before)
-        used["python"] += time.process_time() - driver  # the COPY loop runs here
-        used["server"] = self.server() - server
-        used["other"] = machine_busy() - busy - sum(used.values())
-        assert rows == self.expected, f"{self.label} read {rows:,} rows of {self.expected:,}"
-        rate = rows / took
-        self.rates.append(rate)
-        self.cpu.append(used)
-        print(
-            f"{round_!s:>5} {self.label:<22} {took:7.2f}s {rate:>11,.0f} "
-            + " ".join(f"{used[k]:6.1f}s" for k in ("jvm", "python", "server", "other")),
-            flush=True,
-        )
-        return rate
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    def cpu_per_million(self) -> str:
-        """Median CPU seconds per million rows, by kind of process."""
-        kinds = ("jvm", "python", "server")
-        each = {k: statistics.median(c[k] for c in self.cpu) * 1e6 / self.expected for k in kinds}
-        return f"{sum(each.values()):.2f} (" + ", ".join(f"{k} {each[k]:.2f}" for k in kinds) + ")"
-
-
-def machine_busy() -> float:
-    """CPU seconds all CPUs spent not idle since boot (``/proc/stat``)."""
-    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -388,11 +304,6 @@ def main() -> None:
         )
         baseline = "copy"
 
-    os.environ.update(spark_env())  # before the JVM starts: its Python workers inherit it
-    from pyspark.sql import SparkSession
-
-    from splitflow.spark import register
-
     print(f"$ python bench/pg_snapshot.py {' '.join(sys.argv[1:])}".rstrip(), flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="splitflow-pg-bench-") as tmp,
@@ -407,21 +318,9 @@ def main() -> None:
             f"{version}; {os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-        builder = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-        )
-        if baseline == "jdbc":
-            builder = builder.config("spark.jars", str(JDBC_JAR))
-        spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
+        spark = local_session(JDBC_JAR if baseline == "jdbc" else None)
 
-        server = ServerCpu(pg)
+        server = ServerCpu(pg.pid_file)
         p1 = Timed(
             f"splitflow p1 c{args.chunk_size // 1000}k",
             splitflow_read(spark, pg, 1, args.chunk_size),
@@ -438,20 +337,11 @@ def main() -> None:
             base = Timed("jdbc 2 partitions", jdbc_read(spark, pg, low, high), count, server)
         else:
             base = Timed("psycopg COPY loop", copy_read(pg), count, server)
-        print(
-            f"{'round':>5} {'reader':<22} {'time':>8} {'rows/s':>11} {'jvm':>7} "
-            f"{'python':>7} {'server':>7} {'other':>7}  (CPU seconds; other: the rest of the "
-            "machine)",
-            flush=True,
-        )
+        print(CPU_HEADER, flush=True)
         for reader in (p2, base):  # warm-up: JVM, Python workers, the driver class
             reader.once("warm")
-            reader.rates.clear()
-            reader.cpu.clear()
-        orders = [(p1, p2, base), (base, p2, p1)]
-        for round_ in range(args.rounds):
-            for reader in orders[round_ % 2]:
-                reader.once(round_)
+            reader.forget()
+        run_rounds((p1, p2, base), args.rounds)
         for chunk in filter(None, args.chunk_sizes.split(",")):
             Timed(
                 f"splitflow p2 c{int(chunk) // 1000}k",
@@ -470,10 +360,7 @@ def main() -> None:
         )
         latency(spark, pg, args.changes, args.rate, Path(tmp))
         spark.stop()
-    ratio = p2.median / base.median
-    if ratio < TARGET:
-        print(f"MISS ratio_vs_baseline={ratio:.3f} is below the target {TARGET}")
-    print(f"RESULT ratio_vs_baseline={ratio:.3f} target={TARGET}")
+    report(p2.median / base.median, TARGET)
 
 
 if __name__ == "__main__":

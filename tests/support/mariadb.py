@@ -35,25 +35,25 @@ linked from ``<directory>/mariadb`` and removed by :meth:`MariaDB.stop` or by th
 With ``tmpfs=False`` (or no ``/dev/shm``) they live in ``<directory>/mariadb`` when the
 ``mysql`` user can reach it, else in a fresh ``/tmp/splitflow-mariadb-*`` (pytest's
 ``/tmp/pytest-of-root`` is mode 0700). The server log is always ``<directory>/mariadb.log``.
+What both test servers share (directories, port retries, the watchdog, stopping) is
+:mod:`tests.support.dbserver`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import pwd
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
+
+from tests.support.dbserver import LoopbackServer, as_root
+from tests.support.dbserver import free_port as free_port  # the tests' import
 
 USER = "splitflow"
 PASSWORD = "s3cret-pw"
@@ -94,57 +94,12 @@ BASE_OPTIONS: dict[str, str | None] = {
 # Options mariadb-install-db must share with the server (the InnoDB files it creates).
 _INSTALL_OPTIONS = ("innodb-log-file-size",)
 
-# Run by the watchdog process: argv = owner PID, PID file, directory to remove (or "").
-_WATCHDOG = """
-import os, shutil, signal, sys, time
-owner, pidfile, base = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-def server():
-    try:
-        with open(pidfile) as f:
-            return int(f.readline())
-    except (OSError, ValueError):
-        return None
-while alive(owner):
-    time.sleep(0.5)
-pid = server()
-if pid is not None and alive(pid):
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-if base:
-    shutil.rmtree(base, ignore_errors=True)
-"""
-
 
 def mariadb_binaries() -> tuple[str, str] | None:
     """The paths of ``mariadbd`` and ``mariadb-install-db``, or None when not installed."""
     server = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/bin")
     install = shutil.which("mariadb-install-db", path="/usr/bin:/usr/sbin:/usr/local/bin")
     return (server, install) if server and install else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_root() -> bool:
-    return os.geteuid() == 0
-
-
-def _chown_to_mysql(path: Path) -> None:
-    if _as_root():
-        shutil.chown(path, "mysql", "mysql")
 
 
 def _option_args(options: Mapping[str, str | None]) -> list[str]:
@@ -170,7 +125,7 @@ def _quote_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class MariaDB:
+class MariaDB(LoopbackServer):
     """One MariaDB server on ``127.0.0.1:port``; stop it with :meth:`stop`.
 
     Create it with :meth:`start`. ``host``/``port``, :meth:`connection_settings` and
@@ -178,26 +133,33 @@ class MariaDB:
     ``splitflow`` user (``admin=True``: as ``root`` through the Unix socket).
     """
 
+    product = "MariaDB"
+    package = "mariadb-server"
+    system_user = "mysql"
+    base_name = "mariadb"
+    log_name = "mariadb.log"
+    port_taken: ClassVar[tuple[str, ...]] = (
+        "Address already in use",
+        "Do you already have another",
+    )
+
     def __init__(
         self, binaries: tuple[str, str], directory: Path, base: Path, owns_base: bool
     ) -> None:
+        super().__init__(directory, base, owns_base)
         self.mariadbd, self.install_db = binaries
-        self.directory = directory
-        self.base = base  # holds data/, the socket and the PID file; the server user's
         self.data = base / "data"
         self.socket = base / "mariadbd.sock"
         self.pid_file = base / "mariadbd.pid"
-        self.log = directory / "mariadb.log"
-        self.host = "127.0.0.1"
-        self.port = 0
         self.server_id = SERVER_ID
         self.options: dict[str, str | None] = {}
-        self._owns_base = owns_base
         self._process: subprocess.Popen[bytes] | None = None
-        self._admin: dict[tuple[str | None, bool], Any] = {}
-        self._watchdog: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def installed(cls) -> bool:
+        return mariadb_binaries() is not None
 
     @classmethod
     def start(
@@ -218,54 +180,15 @@ class MariaDB:
         binaries = mariadb_binaries()
         if binaries is None:
             raise RuntimeError("no MariaDB server (mariadbd, mariadb-install-db) on PATH")
-        if _as_root():
-            try:
-                pwd.getpwnam("mysql")
-            except KeyError:
-                raise RuntimeError(
-                    "as root the server runs as the 'mysql' user, which does not exist"
-                    " (apt install mariadb-server creates it)"
-                ) from None
-        directory = Path(directory).resolve()
-        directory.mkdir(parents=True, exist_ok=True)
-        base, owns_base = cls._make_base(directory, tmpfs)
-        server = cls(binaries, directory, base, owns_base)
-        try:
+        directories = cls._new_directories(directory, tmpfs)
+        with cls(binaries, *directories)._stop_on_failure() as server:
             server._install_db(dict(options or {}), timeout)
             server._start(dict(options or {}), timeout, new_port=True)
             server._create_user_and_database()
-        except BaseException:
-            server.stop()
-            raise
         return server
 
-    @staticmethod
-    def _make_base(directory: Path, tmpfs: bool) -> tuple[Path, bool]:
-        shm = Path("/dev/shm")
-        if tmpfs and shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-            base = Path(tempfile.mkdtemp(prefix="splitflow-mariadb-", dir=shm))
-            (directory / "mariadb").symlink_to(base)
-            owns = True
-        elif not _as_root():
-            base = directory / "mariadb"
-            base.mkdir()
-            return base, False
-        else:
-            probe = ["runuser", "-u", "mysql", "--", "test", "-w", str(directory), "-a", "-x"]
-            reachable = subprocess.run([*probe, str(directory)], check=False).returncode == 0
-            if reachable:
-                base = directory / "mariadb"
-                base.mkdir()
-                owns = False
-            else:  # e.g. under pytest's /tmp/pytest-of-root (mode 0700)
-                base = Path(tempfile.mkdtemp(prefix="splitflow-mariadb-"))
-                (directory / "mariadb").symlink_to(base)
-                owns = True
-        _chown_to_mysql(base)
-        return base, owns
-
     def _user_args(self) -> list[str]:
-        return ["--user=mysql"] if _as_root() else []
+        return [f"--user={self.system_user}"] if as_root() else []
 
     def _install_db(self, options: dict[str, str | None], timeout: float) -> None:
         merged = {**BASE_OPTIONS, **options}
@@ -280,10 +203,7 @@ class MariaDB:
             "--skip-name-resolve",
             *_option_args(shared),
         ]
-        with open(self.log, "ab") as out:
-            result = subprocess.run(
-                args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=timeout
-            )
+        result = self._run(args, timeout)
         if result.returncode != 0:
             raise RuntimeError(
                 f"mariadb-install-db failed ({result.returncode}):\n{self.log_tail()}"
@@ -292,9 +212,8 @@ class MariaDB:
     def _start(self, extra: dict[str, str | None], timeout: float, new_port: bool) -> None:
         """Start ``mariadbd`` and wait until its socket answers; on a port collision, retry
         on another free port."""
-        for attempt in range(10):
-            if new_port or attempt > 0:
-                self.port = free_port()
+
+        def launch() -> str | None:
             self.options = {**BASE_OPTIONS, **extra}
             args = [
                 self.mariadbd,
@@ -306,7 +225,6 @@ class MariaDB:
                 f"--port={self.port}",
                 *_option_args(self.options),
             ]
-            mark = self.log.stat().st_size if self.log.exists() else 0
             # The server logs to stderr, into our log file, which we open: the server user
             # need not be able to reach ``directory``.
             with open(self.log, "ab") as out:
@@ -317,17 +235,13 @@ class MariaDB:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-            self._start_watchdog()
+            self._start_watchdog()  # it does not fork: the PID is the server's
             if self._wait_ready(timeout):
-                return
+                return None
             self._kill()
-            with open(self.log, "rb") as f:
-                f.seek(mark)
-                output = f.read().decode(errors="replace")
-            if "Address already in use" in output or "Do you already have another" in output:
-                continue
-            raise RuntimeError(f"MariaDB did not start:\n{output[-4000:]}")
-        raise RuntimeError(f"MariaDB found no free port:\n{self.log_tail()}")
+            return ""
+
+        self._start_on_free_port(launch, new_port)
 
     def _wait_ready(self, timeout: float) -> bool:
         """True once the server answers on its socket; False if it exited or timed out."""
@@ -372,7 +286,7 @@ class MariaDB:
         kills the server (SIGKILL), so it starts with crash recovery of InnoDB and the
         binlog. Either way the server opens a new binlog file.
         """
-        self._close_admin()
+        self._close_clients()
         if crash:
             self._kill()
         else:
@@ -397,51 +311,13 @@ class MariaDB:
             with suppress(subprocess.TimeoutExpired):
                 process.wait(10)
 
-    def _start_watchdog(self) -> None:
-        """A process that kills the server if this process dies without :meth:`stop` (a test
-        run killed by a timeout), so no server outlives its owner."""
-        if self._watchdog is not None and self._watchdog.poll() is None:
-            return
-        self._watchdog = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _WATCHDOG,
-                str(os.getpid()),
-                str(self.pid_file),
-                str(self.base) if self._owns_base else "",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        """Kill the server now (SIGKILL: it is thrown away) and remove a data directory that
-        was made outside ``directory``."""
-        self._close_admin()
-        if self._watchdog is not None:
-            self._watchdog.kill()
-            self._watchdog.wait(10)
-            self._watchdog = None
+    def _halt(self) -> None:
+        """Kill the server (SIGKILL: it is thrown away)."""
         self._kill()
         self._process = None
-        if self._owns_base:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self._owns_base = False
 
-    def __enter__(self) -> MariaDB:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def address(self) -> str:
+        return f"{self.host}:{self.port} user {USER} database {DATABASE}; socket {self.socket}"
 
     # -- clients --------------------------------------------------------------------------
 
@@ -509,9 +385,9 @@ class MariaDB:
         Reuses one connection per (database, admin) until :meth:`restart` or :meth:`stop`.
         """
         key = (database, admin)
-        conn = self._admin.get(key)
+        conn = self._clients.get(key)
         if conn is None or not conn.open:
-            conn = self._admin[key] = (
+            conn = self._clients[key] = (
                 self._connect_admin(database) if admin else self.connect(database=database)
             )
         with conn.cursor() as cursor:
@@ -529,20 +405,9 @@ class MariaDB:
         )
         return self.connection_settings(database=name)
 
-    def _close_admin(self) -> None:
-        for conn in self._admin.values():
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._admin = {}
 
-
-@contextmanager
-def running_mariadb(directory: Path) -> Iterator[MariaDB]:
-    server = MariaDB.start(directory)
-    try:
-        yield server
-    finally:
-        server.stop()
+running_mariadb = MariaDB.start
+"""``with running_mariadb(directory) as server``: a server is its own context manager."""
 
 
 def mariadb_fixture(tmp_path_factory: Any) -> Iterator[MariaDB]:
@@ -550,20 +415,9 @@ def mariadb_fixture(tmp_path_factory: Any) -> Iterator[MariaDB]:
     missing)."""
     import pytest
 
-    if mariadb_binaries() is None:
-        pytest.skip("no MariaDB server (mariadbd) installed (apt install mariadb-server)")
     pytest.importorskip("pymysql", reason="pip install -e '.[mysql]'")
-    server = MariaDB.start(tmp_path_factory.mktemp("mariadb"))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from MariaDB.session_fixture(tmp_path_factory)
 
 
 if __name__ == "__main__":  # python -m tests.support.mariadb: start one, print how to reach it
-    with running_mariadb(Path(tempfile.mkdtemp(prefix="splitflow-mariadb-run-"))) as db:
-        print(
-            f"{db.host}:{db.port} user {USER} database {DATABASE}; socket {db.socket}", flush=True
-        )
-        with suppress(KeyboardInterrupt):
-            sys.stdin.read()
+    MariaDB.main()

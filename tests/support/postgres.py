@@ -22,26 +22,25 @@ Used by ``tests/connectors/postgres`` (``postgres`` fixture)::
 The data directory lives in the given directory when the ``postgres`` user can reach it;
 pytest's ``/tmp/pytest-of-root`` is mode 0700, so as root it usually lives in a fresh
 ``/tmp/splitflow-pg-*`` directory instead (linked from ``<directory>/pg``, removed by
-:meth:`Postgres.stop`). The server log is always ``<directory>/postgres.log``.
+:meth:`Postgres.stop`). The server log is always ``<directory>/postgres.log``. What both
+test servers share (directories, port retries, the watchdog, stopping) is
+:mod:`tests.support.dbserver`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from tests.support.dbserver import LoopbackServer
+from tests.support.dbserver import free_port as free_port  # the tests' import
 
 USER = "splitflow"
 PASSWORD = "s3cret-pw"
@@ -61,39 +60,6 @@ BASE_SETTINGS: dict[str, str] = {
 }
 
 
-# Run by the watchdog process: argv = owner PID, data directory, directory to remove (or "").
-_WATCHDOG = """
-import os, shutil, signal, sys, time
-owner, data, base = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-def postmaster():
-    try:
-        with open(os.path.join(data, "postmaster.pid")) as f:
-            return int(f.readline())
-    except (OSError, ValueError):
-        return None
-while alive(owner):
-    time.sleep(0.5)
-pid = postmaster()
-if pid is not None and alive(pid):
-    os.kill(pid, signal.SIGQUIT)
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if alive(pid):
-        os.kill(pid, signal.SIGKILL)
-if base:
-    shutil.rmtree(base, ignore_errors=True)
-"""
-
-
 def postgres_bin_dir() -> Path | None:
     """The newest ``/usr/lib/postgresql/<version>/bin`` that holds a server, or None."""
 
@@ -105,26 +71,6 @@ def postgres_bin_dir() -> Path | None:
     return Path(max(found, key=version)) if found else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_root() -> bool:
-    return os.geteuid() == 0
-
-
-def _server_command(args: list[str]) -> list[str]:
-    """``args`` as the ``postgres`` user when we are root (the server refuses root)."""
-    return ["runuser", "-u", "postgres", "--", *args] if _as_root() else args
-
-
-def _chown_to_postgres(path: Path) -> None:
-    if _as_root():
-        shutil.chown(path, "postgres", "postgres")
-
-
 def _quote_conninfo(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -133,29 +79,35 @@ def _quote_setting(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-class Postgres:
+class Postgres(LoopbackServer):
     """One PostgreSQL server on ``127.0.0.1:port``; stop it with :meth:`stop`.
 
     Create it with :meth:`start`. ``host``/``port`` and :meth:`conninfo` describe the TCP
     endpoint; :meth:`connect` and :meth:`execute` use it as the ``splitflow`` role.
     """
 
+    product = "PostgreSQL"
+    package = "postgresql-15"
+    system_user = "postgres"
+    base_name = "pg"
+    log_name = "postgres.log"
+    port_taken: ClassVar[tuple[str, ...]] = ("could not bind", "already in use")
+    stop_signal = signal.SIGQUIT  # an immediate shutdown
+
     def __init__(self, bin_dir: Path, directory: Path, base: Path, owns_base: bool) -> None:
+        super().__init__(directory, base, owns_base)
         self.bin_dir = bin_dir
-        self.directory = directory
-        self.base = base  # holds data/ and the Unix socket; owned by the server's user
         self.data = base / "data"
-        self.socket_dir = base
-        self.log = directory / "postgres.log"
-        self.host = "127.0.0.1"
-        self.port = 0
+        self.socket_dir = base  # the Unix socket's
+        self.pid_file = self.data / "postmaster.pid"
         self.settings: dict[str, str] = {}
-        self._owns_base = owns_base
-        self._admin: Any = None
-        self._watchdog: subprocess.Popen[bytes] | None = None
         self._running = False
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def installed(cls) -> bool:
+        return postgres_bin_dir() is not None
 
     @classmethod
     def start(
@@ -172,65 +124,30 @@ class Postgres:
         bin_dir = postgres_bin_dir()
         if bin_dir is None:
             raise RuntimeError("no PostgreSQL server in /usr/lib/postgresql/*/bin")
-        directory = Path(directory).resolve()
-        directory.mkdir(parents=True, exist_ok=True)
-        base, owns_base = cls._make_base(directory)
-        server = cls(bin_dir, directory, base, owns_base)
-        try:
+        with cls(bin_dir, *cls._new_directories(directory))._stop_on_failure() as server:
             server._initdb(timeout)
             server._start(dict(settings or {}), timeout, new_port=True)
             server._create_role_and_database()
-        except BaseException:
-            server.stop()
-            raise
         return server
-
-    @staticmethod
-    def _make_base(directory: Path) -> tuple[Path, bool]:
-        if not _as_root():
-            base = directory / "pg"
-            base.mkdir()
-            return base, False
-        probe = ["test", "-w", str(directory), "-a", "-x", str(directory)]
-        reachable = subprocess.run(_server_command(probe), check=False).returncode == 0
-        if reachable:
-            base = directory / "pg"
-            base.mkdir()
-            owns = False
-        else:  # e.g. under pytest's /tmp/pytest-of-root (mode 0700)
-            base = Path(tempfile.mkdtemp(prefix="splitflow-pg-"))
-            (directory / "pg").symlink_to(base)
-            owns = True
-        _chown_to_postgres(base)
-        return base, owns
-
-    def _run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
-        with open(self.log, "ab") as out:
-            return subprocess.run(
-                _server_command(args),
-                stdout=out,
-                stderr=out,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-            )
 
     def _initdb(self, timeout: float) -> None:
         result = self._run(
-            [
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(self.data),
-                "--auth-local=trust",
-                "--auth-host=scram-sha-256",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-                "--no-instructions",
-            ],
+            self._as_server_user(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ]
+            ),
             timeout,
         )
         if result.returncode != 0:
@@ -242,13 +159,12 @@ class Postgres:
         path = self.data / "splitflow.conf"
         lines = [f"{key} = {_quote_setting(str(value))}" for key, value in self.settings.items()]
         path.write_text("\n".join(lines) + "\n")
-        _chown_to_postgres(path)
+        self._give_to_server_user(path)
 
     def _start(self, extra: dict[str, str], timeout: float, new_port: bool) -> None:
         """pg_ctl start -w; on a port collision, retry on another free port."""
-        for attempt in range(10):
-            if new_port or attempt > 0:
-                self.port = free_port()
+
+        def launch() -> str | None:
             self.settings = {
                 **BASE_SETTINGS,
                 "port": str(self.port),
@@ -256,32 +172,15 @@ class Postgres:
                 **extra,
             }
             self._write_settings()
-            mark = self.log.stat().st_size if self.log.exists() else 0
-            # pg_ctl's output (and the postmaster's, inherited) goes to our log file, which
-            # we open: the server user need not be able to reach ``directory``.
+            # pg_ctl's output (and the postmaster's, inherited) goes to our log file.
+            args = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w"]
             result = self._run(
-                [
-                    str(self.bin_dir / "pg_ctl"),
-                    "-D",
-                    str(self.data),
-                    "-w",
-                    "-t",
-                    str(int(timeout)),
-                    "start",
-                ],
-                timeout + 5,
+                self._as_server_user([*args, "-t", str(int(timeout)), "start"]), timeout + 5
             )
-            if result.returncode == 0:
-                self._running = True
-                self._start_watchdog()
-                return
-            with open(self.log, "rb") as f:
-                f.seek(mark)
-                output = f.read().decode(errors="replace")
-            if "could not bind" in output or "already in use" in output:
-                continue
-            raise RuntimeError(f"PostgreSQL did not start ({result.returncode}):\n{output}")
-        raise RuntimeError(f"PostgreSQL found no free port:\n{self.log_tail()}")
+            self._running = result.returncode == 0
+            return None if self._running else f" ({result.returncode})"
+
+        self._start_on_free_port(launch, new_port)
 
     def _create_role_and_database(self) -> None:
         import psycopg
@@ -308,14 +207,16 @@ class Postgres:
         PostgreSQL 15 refuses to start with ``wal_level`` below ``logical`` while a logical
         replication slot exists: that raises RuntimeError with the log's tail.
         """
-        self._close_admin()
+        self._close_clients()
         if self._running:
             self._pg_ctl_stop("fast", timeout)
         self._start(dict(extra_settings or {}), timeout, new_port=False)
 
     def _pg_ctl_stop(self, mode: str, timeout: float) -> bool:
         result = self._run(
-            [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w", "-m", mode, "stop"],
+            self._as_server_user(
+                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w", "-m", mode, "stop"]
+            ),
             timeout,
         )
         self._running = result.returncode != 0 and self._postmaster_pid() is not None
@@ -323,39 +224,13 @@ class Postgres:
 
     def _postmaster_pid(self) -> int | None:
         with suppress(OSError, ValueError, IndexError):
-            pid = int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+            pid = int(self.pid_file.read_text().split("\n", 1)[0])
             os.kill(pid, 0)
             return pid
         return None
 
-    def _start_watchdog(self) -> None:
-        """A process that stops the server if this process dies without :meth:`stop` (a test
-        run killed by a timeout), so no server outlives its owner."""
-        if self._watchdog is not None and self._watchdog.poll() is None:
-            return
-        self._watchdog = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _WATCHDOG,
-                str(os.getpid()),
-                str(self.data),
-                str(self.base) if self._owns_base else "",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        """Stop the server now (``pg_ctl stop -m immediate``; SIGKILL to its PID if that
-        fails) and remove a data directory that was made outside ``directory``."""
-        self._close_admin()
-        if self._watchdog is not None:
-            self._watchdog.kill()
-            self._watchdog.wait(10)
-            self._watchdog = None
+    def _halt(self) -> None:
+        """``pg_ctl stop -m immediate``; SIGKILL to the postmaster if that fails."""
         stopped = False
         with suppress(Exception):
             stopped = self._pg_ctl_stop("immediate", 30)
@@ -368,21 +243,9 @@ class Postgres:
                 while self._postmaster_pid() is not None and time.monotonic() < deadline:
                     time.sleep(0.02)
         self._running = False
-        if self._owns_base:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self._owns_base = False
 
-    def __enter__(self) -> Postgres:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def address(self) -> str:
+        return self.conninfo()
 
     # -- clients --------------------------------------------------------------------------
 
@@ -418,11 +281,9 @@ class Postgres:
 
         Reuses one connection per database until :meth:`restart` or :meth:`stop`.
         """
-        if self._admin is None:
-            self._admin = {}
-        conn = self._admin.get(dbname)
+        conn = self._clients.get(dbname)
         if conn is None or conn.closed:
-            conn = self._admin[dbname] = self.connect(dbname=dbname)
+            conn = self._clients[dbname] = self.connect(dbname=dbname)
         cursor = conn.execute(sql, params)
         return list(cursor.fetchall()) if cursor.description is not None else []
 
@@ -434,37 +295,15 @@ class Postgres:
         self.execute(statement.format(sql.Identifier(name), sql.Identifier(USER)))
         return self.conninfo(dbname=name)
 
-    def _close_admin(self) -> None:
-        for conn in (self._admin or {}).values():
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._admin = None
 
-
-@contextmanager
-def running_postgres(directory: Path) -> Iterator[Postgres]:
-    server = Postgres.start(directory)
-    try:
-        yield server
-    finally:
-        server.stop()
+running_postgres = Postgres.start
+"""``with running_postgres(directory) as server``: a server is its own context manager."""
 
 
 def postgres_fixture(tmp_path_factory: Any) -> Iterator[Postgres]:
     """Body of the session-scoped ``postgres`` fixture (skips when PostgreSQL is missing)."""
-    import pytest
-
-    if postgres_bin_dir() is None:
-        pytest.skip("no PostgreSQL server in /usr/lib/postgresql/*/bin (apt install postgresql-15)")
-    server = Postgres.start(tmp_path_factory.mktemp("postgres"))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from Postgres.session_fixture(tmp_path_factory)
 
 
 if __name__ == "__main__":  # python -m tests.support.postgres: start one, print its conninfo
-    with running_postgres(Path(tempfile.mkdtemp(prefix="splitflow-pg-run-"))) as pg:
-        print(pg.conninfo(), flush=True)
-        with suppress(KeyboardInterrupt):
-            sys.stdin.read()
+    Postgres.main()

@@ -25,8 +25,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.support.mariadb import MariaDB
+
+
+def _count(cursor: Any) -> int:
+    """Read ``SELECT * FROM t`` through ``cursor``, 10,000 rows a fetch; the rows read."""
+    cursor.execute("SELECT * FROM t")
+    n = 0
+    while batch := cursor.fetchmany(10_000):
+        n += len(batch)
+    return n
+
+
+def _login(db: MariaDB) -> dict[str, Any]:
+    """What a DB-API driver's ``connect`` needs to reach ``db`` as the tests' user."""
+    settings = db.connection_settings()
+    return {k: settings[k] for k in ("host", "port", "user", "password", "database")}
 
 
 def _rows_pymysql(db: MariaDB, streaming: bool) -> int:
@@ -34,35 +50,17 @@ def _rows_pymysql(db: MariaDB, streaming: bool) -> int:
 
     cursorclass = pymysql.cursors.SSCursor if streaming else pymysql.cursors.Cursor
     with db.connect(cursorclass=cursorclass) as conn, conn.cursor() as cur:
-        cur.execute("SELECT * FROM t")
-        n = 0
-        while batch := cur.fetchmany(10_000):
-            n += len(batch)
-        return n
+        return _count(cur)
 
 
 def _rows_mysqlclient(db: MariaDB, streaming: bool) -> int:
     import MySQLdb
     import MySQLdb.cursors
 
-    settings = db.connection_settings()
     cursorclass = MySQLdb.cursors.SSCursor if streaming else MySQLdb.cursors.Cursor
-    conn = MySQLdb.connect(
-        host=settings["host"],
-        port=settings["port"],
-        user=settings["user"],
-        password=settings["password"],
-        database=settings["database"],
-        charset="utf8mb4",
-        cursorclass=cursorclass,
-    )
+    conn = MySQLdb.connect(**_login(db), charset="utf8mb4", cursorclass=cursorclass)
     try:
-        cur = conn.cursor()
-        cur.execute("SELECT * FROM t")
-        n = 0
-        while batch := cur.fetchmany(10_000):
-            n += len(batch)
-        return n
+        return _count(conn.cursor())
     finally:
         conn.close()
 
@@ -70,21 +68,9 @@ def _rows_mysqlclient(db: MariaDB, streaming: bool) -> int:
 def _rows_mariadb(db: MariaDB, streaming: bool) -> int:
     import mariadb
 
-    settings = db.connection_settings()
-    conn = mariadb.connect(
-        host=settings["host"],
-        port=settings["port"],
-        user=settings["user"],
-        password=settings["password"],
-        database=settings["database"],
-    )
+    conn = mariadb.connect(**_login(db))
     try:
-        cur = conn.cursor(buffered=not streaming)
-        cur.execute("SELECT * FROM t")
-        n = 0
-        while batch := cur.fetchmany(10_000):
-            n += len(batch)
-        return n
+        return _count(conn.cursor(buffered=not streaming))
     finally:
         conn.close()
 

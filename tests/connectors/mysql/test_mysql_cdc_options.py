@@ -9,7 +9,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-from tests.connectors.mysql.test_mysql_cdc_harness import Harness, load, rows_of
+from tests.connectors.cdc.harness_suite import Harness, rows_of
+from tests.connectors.mysql.test_mysql_cdc_harness import load
 from tests.support.mariadb import PASSWORD, MariaDB, free_port
 
 pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")

@@ -14,20 +14,17 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import pyarrow as pa
 import pytest
+from tests.connectors.cdc.database import read_slice as read
 from tests.connectors.mysql.test_mysql_cdc_harness import load
 from tests.support.mariadb import MariaDB
 
 pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")
 
-from splitflow.api.events import SourceEvent
-from splitflow.api.reader import InputStatus
 from splitflow.connectors.cdc.splits import ChunkReadEvent, ChunkSplit, LogSplit
 from splitflow.connectors.mysql.pinning import BatchPosition, PositionPinner
 from splitflow.connectors.mysql.source import MySqlCdcSource
 from splitflow.errors import ConnectorError
-from splitflow.reader.output import Collector, RecordingReaderContext
 
 pytestmark = [
     pytest.mark.slow,
@@ -72,27 +69,6 @@ class Pinned:
 @pytest.fixture
 def pinned(mariadb: MariaDB) -> Pinned:
     return Pinned(mariadb)
-
-
-def read(
-    source: MySqlCdcSource, split: ChunkSplit, pin: SourceEvent | None
-) -> tuple[list[tuple[Any, ...]], list[SourceEvent]]:
-    """Read ``split`` as a Spark task does: the batch's pin first, then the slice."""
-    context = RecordingReaderContext(0)
-    reader = source.create_reader(context)
-    reader.start()
-    out: Collector[pa.RecordBatch] = Collector()
-    try:
-        if pin is not None:
-            reader.handle_source_event(pin)
-        reader.add_splits([split], stop_at={split.split_id: 1})
-        reader.notify_no_more_splits()
-        while reader.poll_next(out) is not InputStatus.END_OF_INPUT:
-            reader.wait_available(10)
-    finally:
-        reader.close()
-    rows = [(r["id"], r["version"], r["op"], r["lsn"]) for batch in out for r in batch.to_pylist()]
-    return rows, context.events
 
 
 def test_every_read_of_a_pinned_batch_gives_the_chunk_as_it_stood_at_the_pin(

@@ -10,7 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from tests.connectors.mysql.test_mysql_cdc_harness import Harness, load, rows_of
+from tests.connectors.cdc.harness_suite import Harness, rows_of
+from tests.connectors.mysql.test_mysql_cdc_harness import load
 from tests.support.mariadb import MariaDB
 
 pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")

@@ -13,18 +13,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import pytest
+from tests.connectors.cdc.database import read_slice
 from tests.connectors.postgres.test_cdc_harness import load
 from tests.support.postgres import Postgres
 
 from splitflow.api.events import SourceEvent
-from splitflow.api.reader import InputStatus
 from splitflow.connectors.postgres.pinning import BatchSnapshot, SnapshotPinner
 from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import ChunkReadEvent, ChunkSplit, LogSplit
 from splitflow.errors import ConnectorError
-from splitflow.reader.output import Collector, RecordingReaderContext
 
 TABLE = "pinned_orders"
 
@@ -41,22 +39,9 @@ def source(postgres: Postgres) -> Iterator[PostgresCdcSource]:
 def read(
     source: PostgresCdcSource, split: ChunkSplit, pin: SourceEvent | None
 ) -> tuple[list[tuple[Any, ...]], list[SourceEvent]]:
-    """Read ``split`` as a Spark task does: the batch's pin first, then the slice."""
-    context = RecordingReaderContext(0)
-    reader = source.create_reader(context)
-    reader.start()
-    out: Collector[pa.RecordBatch] = Collector()
-    try:
-        if pin is not None:
-            reader.handle_source_event(pin)
-        reader.add_splits([split], stop_at={split.split_id: 1})
-        reader.notify_no_more_splits()
-        while reader.poll_next(out) is not InputStatus.END_OF_INPUT:
-            reader.wait_available(10)
-    finally:
-        reader.close()
-    rows = [(r["id"], r["version"], r["op"], r["lsn"]) for batch in out for r in batch.to_pylist()]
-    return sorted(rows), context.events
+    """:func:`read_slice`, its rows sorted."""
+    rows, events = read_slice(source, split, pin)
+    return sorted(rows), events
 
 
 def chunk() -> ChunkSplit:
