@@ -30,7 +30,8 @@ from splitflow.spark.ledger import LedgerRef, LedgerStore
 @dataclass(frozen=True)
 class SplitRow:
     split_id: str
-    state: str  # "reading" (owned by a slot), "unassigned" (enumerator), "finished"
+    state: str  # "reading" (owned by a slot), "ending" (the batch reads its end and
+    # finishes it), "unassigned" (enumerator), "finished"
     owner: int | None
     start: int | None
     stop: int | None
@@ -108,8 +109,9 @@ def read_checkpoint(
                 states.append(_source_state(chosen, committed, index, offset, state_dir))
             except CheckpointStateError as exc:
                 raise CheckpointStateError(
-                    f"batch {chosen}: {exc} (committing a batch discards the ledger files of "
-                    "older ones: without --state-dir, the batch's ledger size is shown)",
+                    f"batch {chosen}: {exc} (commits discard the ledger files of batches "
+                    "older than the last stateRetainBatches: without --state-dir, the "
+                    "batch's ledger size is shown)",
                     path=exc.path,
                 ) from None
     return states
@@ -122,12 +124,16 @@ def _source_state(
     enumerator = offset.get("enumerator", {})
     boundaries = enumerator.get("backlog", {})
     event_times = {k: int(v) for k, v in offset.get("event_times", {}).items()}
+    ending = set()
     for slot, slices in enumerate(offset["slots"]):
-        for split_id, split, stop in slices:
+        for split_id, split, stop, *ends in slices:
             start = int(split["position"])
             boundary = boundaries.get(split_id)
             watermark = event_times.get(split_id)
-            rows.append(SplitRow(split_id, "reading", slot, start, int(stop), boundary, watermark))
+            state = "ending" if ends else "reading"
+            rows.append(SplitRow(split_id, state, slot, start, int(stop), boundary, watermark))
+            if ends:
+                ending.add(split_id)
     for split_id, split in enumerator.get("unassigned", {}).items():
         position = split.get("position")
         boundary = boundaries.get(split_id)
@@ -142,6 +148,8 @@ def _source_state(
         else:
             finished.extend(sorted(LedgerStore(state_dir).load(ref)))
     for split_id in finished:
+        if split_id in ending:  # listed once, as the batch reads its end
+            continue
         rows.append(SplitRow(str(split_id), "finished", None, None, None))
     return SourceState(
         batch=batch,
@@ -150,7 +158,7 @@ def _source_state(
         seq=int(offset["seq"]),
         backlog=bool(offset.get("backlog", False)),
         parallelism=len(offset["slots"]),
-        splits=sorted(rows, key=lambda r: (r.state != "reading", r.split_id)),
+        splits=sorted(rows, key=lambda r: (r.state not in ("reading", "ending"), r.split_id)),
         ledger_size=ledger_size,
     )
 

@@ -208,6 +208,18 @@ def log_ids(checkpoint: Path, log: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
 
 
+def batches_reading_nothing(checkpoint: Path) -> list[int]:
+    """Batches whose splitflow offset (one source per query) gives no slice a record to read:
+    a batch Spark ran for nothing."""
+    empty = []
+    for batch in log_ids(checkpoint, "offsets"):
+        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+        slots = json.loads(lines[2])["slots"]
+        if not any(stop > split["position"] for slot in slots for _, split, stop, *_ in slot):
+            empty.append(batch)
+    return empty
+
+
 def owner_loads(splits: Mapping[str, Mapping[str, Any]], parallelism: int) -> list[int]:
     """How many splits each of ``parallelism`` slots owns."""
     loads = [0] * parallelism

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import Job, log_ids, wait_until
+from tests.spark.support import Job, batches_reading_nothing, log_ids, wait_until
 from tests.support.cdc import Writer, replay, sink_in_batch_order
 
 pytestmark = [
@@ -287,6 +287,7 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         for job in jobs:
             job.close()
     assert writer.changes > 50, "the writer made too few changes to test anything"
+    assert batches_reading_nothing(checkpoint) == [], "a batch only to record finished chunks"
     for path in [*checkpoint.rglob("*"), *(tmp_path / "state").rglob("*")]:
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), f"the password is in {path}"

@@ -4,6 +4,7 @@ next batch's tasks of their slot. Driven through the planner, without Spark."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,34 @@ def test_event_store_keeps_one_copy_per_task_and_forgets_applied_batches(tmp_pat
     store.write(3, 1, slot=0, events=[Ping(1)])
     store.write(3, 1, slot=0, events=[Ping(1)])  # a retried attempt
     store.write(3, 0, slot=1, events=[Ping(7), Ping(8)])
-    assert store.read(3) == [(1, Ping(7)), (1, Ping(8)), (0, Ping(1))]
+    assert store.read(3)[1] == [(1, Ping(7)), (1, Ping(8)), (0, Ping(1))]
     store.write(4, 0, slot=0, events=[Ping(2)])
-    store.discard_through(3)
-    assert store.read(3) == []
-    assert store.read(4) == [(0, Ping(2))]
+    store.keep_from(4)  # Spark keeps no offset before batch 4's
+    assert store.read(3)[1] == []
+    assert store.read(4)[1] == [(0, Ping(2))]
+
+
+def test_events_stay_while_spark_keeps_their_offset_and_a_restore_drops_later_ones(
+    tmp_path: Path,
+) -> None:
+    """Batches 1 to 6 ran; Spark keeps the offsets from batch 3 on. Rolled back to batch 4
+    (its commit kept: no task of it runs again), planning batch 5 reads batch 4's events as
+    left; batch 5 and 6's are from tasks of offsets that are gone, and the batch 5 planned
+    anew may have fewer tasks, so none of the old ones may stay beside its own."""
+    store = EventStore(str(tmp_path))
+    for seq in range(1, 7):
+        store.write(seq, 0, slot=0, events=[Ping(seq)])
+        store.write(seq, 1, slot=1, events=[Ping(10 * seq)])
+    store.keep_from(3)
+    assert sorted(p.name for p in (tmp_path / "events").iterdir()) == ["3", "4", "5", "6"]
+    restored = EventStore(str(tmp_path))
+    restored.resume_at(4)
+    assert restored.read(4)[1] == [(0, Ping(4)), (1, Ping(40))]
+    assert restored.read(5)[1] == []
+    restored.write(5, 0, slot=0, events=[Ping(99)])  # batch 5 planned anew: one task
+    assert restored.read(5)[1] == [(0, Ping(99))]
+    restored.keep_from(5)  # knows batch 3 is the oldest left, without listing again
+    assert sorted(p.name for p in (tmp_path / "events").iterdir()) == ["5"]
 
 
 def test_a_state_directory_that_cannot_be_written_fails_naming_the_file(tmp_path: Path) -> None:
@@ -169,6 +193,26 @@ def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path
         roundtrip(planner.latest_offset(end2.encode(source), MaxRecords(10))), source
     )
     assert end3.to_readers == {}  # delivered with batch 2's tasks, not again
+
+
+def test_tasks_that_left_no_events_are_named_in_a_warning(tmp_path: Path, caplog: Any) -> None:
+    """Every task writes its events, none or some: a slot of a completed batch with tasks and
+    nothing written (executors writing to their own local stateDir on a cluster, or a sink
+    that read part of the batch) is named in a warning; a batch whose tasks all wrote is not."""
+    caplog.set_level(logging.WARNING, logger="splitflow")
+    _, _, planner = setup(tmp_path)
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    EventStore(str(tmp_path)).write(1, 0, slot=0, events=[])
+    end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))
+    (warning,) = [r.getMessage() for r in caplog.records if "left no reader events" in r.message]
+    assert "batch 1 completed, but the tasks of slot(s) 1 left" in warning
+    assert str(tmp_path / "events") in warning
+    caplog.clear()
+    for index, slot in enumerate((0, 1)):
+        EventStore(str(tmp_path)).write(2, index, slot=slot, events=[])
+    planner.latest_offset(end2, MaxRecords(10))
+    assert not [r for r in caplog.records if "left no reader events" in r.getMessage()]
 
 
 def test_an_event_in_an_offset_that_no_longer_loads_fails_naming_its_batch(

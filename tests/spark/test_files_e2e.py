@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from tests.spark.support import (
     REPO_ROOT,
     assert_exactly_once,
+    batches_reading_nothing,
     driver_session,
     log_ids,
     spark_env,
@@ -367,6 +369,66 @@ def test_max_files_per_batch_on_parquet_with_an_inferred_schema(tmp_path: Path, 
     assert sorted(p["numInputRows"] for p in progress) == [10, 11, 12, 13], "one file per batch"
 
 
+def available_now_batches(query: Any) -> list[int]:
+    """The rows of every batch an ``availableNow`` query ran, once it stopped by itself."""
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    return [p["numInputRows"] for p in query.recentProgress]
+
+
+@pytest.mark.parametrize(("files", "per_batch"), [(2, None), (10, 3)])
+def test_available_now_runs_the_batches_spark_runs_with_none_empty_and_cleans_every_file(
+    tmp_path: Path, spark: Any, files: int, per_batch: int | None
+) -> None:
+    """Side by side with Spark's own file source on the same files and maxFilesPerTrigger:
+    the same batches, none of them empty (a split's finish is recorded by the batch that
+    reads its end, not by a batch of its own), and cleanSource=archive leaves the same files
+    as Spark's: Spark commits a batch to its source when it plans the next one, so the last
+    batch's files are archived by the next run, for both."""
+    names = [f"f{i:02d}.json" for i in range(files)]
+    for directory in (tmp_path / "spark_src", tmp_path / "src"):
+        directory.mkdir()
+        for name in names:
+            write_json(directory, name, rows_of(name))
+    limit = {} if per_batch is None else {"maxFilesPerTrigger": str(per_batch)}
+    spark_query = (
+        spark.readStream.schema(SCHEMA_DDL)
+        .options(**limit, cleanSource="archive", sourceArchiveDir=str(tmp_path / "spark_arc"))
+        .json(str(tmp_path / "spark_src"))
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "spark_out"))
+        .option("checkpointLocation", str(tmp_path / "spark_chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    sparks = available_now_batches(spark_query)
+    reader = spark.readStream.format("splitflow-files").schema(SCHEMA_DDL)
+    query = (
+        reader.options(
+            path=str(tmp_path / "src"),
+            format="json",
+            cleanSource="archive",
+            sourceArchiveDir=str(tmp_path / "archive"),
+            stateDir=str(tmp_path / "state"),
+            **limit,
+        )
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    ours = available_now_batches(query)
+    assert len(ours) == len(sparks), f"batches: ours {ours}, Spark's {sparks}"
+    assert 0 not in ours, f"an empty batch: {ours}"
+    assert batches_reading_nothing(tmp_path / "chk") == []
+    assert_exactly_once(sink_rows(spark, tmp_path / "out"), expected_rows(names))
+    left = [p.name for p in (tmp_path / "src").iterdir()]
+    assert len(left) == ours[-1] // ROWS_PER_FILE, "every batch but the last archived its files"
+    assert len(left) == len(list((tmp_path / "spark_src").iterdir())), "as many as Spark's"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("options", "named"),
@@ -401,6 +463,79 @@ def test_invalid_options_fail_before_any_batch(
     wait_until("the query to stop", lambda: not query.isActive, 60, step=0.1)
     assert named in str(query.exception())
     assert not log_ids(tmp_path / "run" / "chk", "commits"), "no batch ran"
+
+
+def ledger_base(checkpoint: Path, batch: int) -> int:
+    """The ledger snapshot that the splitflow offset of ``batch`` names as its base."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return int(json.loads(lines[-1])["ledger"]["base"])
+
+
+def roll_back(checkpoint: Path, out: Path, to: int) -> None:
+    """Forget every batch after ``to`` as a user rolling a stopped query back does: delete
+    their offset and commit files (and checksums), and what they wrote to the sink."""
+    for log in ("offsets", "commits"):
+        for batch in log_ids(checkpoint, log):
+            if batch > to:
+                (checkpoint / log / str(batch)).unlink()
+                (checkpoint / log / f".{batch}.crc").unlink(missing_ok=True)
+    for written in out.iterdir():
+        if int(written.name) > to:
+            shutil.rmtree(written)
+
+
+@pytest.mark.slow
+def test_a_query_rolled_back_to_an_older_offset_replans_and_reads_every_record_once(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Spark keeps the offsets of the last ``minBatchesToRetain`` batches, and any of them
+    may become the newest again: the user deletes the newer offset and commit files of a
+    stopped query. The restart restores the coordinator from an offset whose ledger base is
+    older than the one later commits moved on to, so the state directory must still hold it
+    (``stateRetainBatches``, default 100, as ``minBatchesToRetain``)."""
+    src, out, checkpoint, state = (tmp_path / n for n in ("src", "out", "chk", "state"))
+    src.mkdir()
+    names = [f"f{i:03d}.json" for i in range(26)]
+    for name in names:
+        write_json(src, name, rows_of(name))
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("splitflow-files")
+            .schema(SCHEMA_DDL)
+            .option("path", str(src))
+            .option("format", "json")
+            .option("maxFilesPerBatch", "1")
+            .option("stateDir", str(state))
+            .load()
+            .writeStream.foreachBatch(  # idempotent per batch id: a replanned batch rewrites
+                lambda frame, batch: frame.write.mode("overwrite").parquet(f"{out}/{batch:05d}")
+            )
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(240), "the run did not end"
+        assert query.exception() is None, query.exception()
+
+    run()
+    # The source's commit of a batch comes after the next batch is planned: the last one
+    # that ran is that of the batch before the newest.
+    committed = max(log_ids(checkpoint, "commits")) - 1
+    newest_base = ledger_base(checkpoint, committed)
+    to = max(b for b in log_ids(checkpoint, "offsets") if ledger_base(checkpoint, b) < newest_base)
+    assert committed - to >= 2, "rolled back a few batches, across a newer ledger snapshot"
+    roll_back(checkpoint, out, to)
+    run()
+    assert max(log_ids(checkpoint, "commits")) > to, "the restart planned new batches"
+    rows = sorted(
+        (r["file"], r["n"], r["pad"])
+        for r in spark.read.schema(SCHEMA_DDL)
+        .option("recursiveFileLookup", "true")
+        .parquet(str(out))
+        .collect()
+    )
+    assert_exactly_once(rows, expected_rows(names))
 
 
 if __name__ == "__main__":

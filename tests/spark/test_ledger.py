@@ -19,9 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.spark.test_planner import DISCOVERY, FakeClock, Query, assert_exactly_once
 
+from splitflow.api.events import SplitEventTimesEvent
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.inspect import read_checkpoint
-from splitflow.spark.ledger import COMPACT_EVERY, LedgerRef, LedgerStore
+from splitflow.spark.events import EventStore
+from splitflow.spark.ledger import COMPACT_EVERY, RETAIN_BATCHES, LedgerRef, LedgerStore
 from splitflow.spark.planner import BatchOffset, Planner, ReadAll
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
@@ -73,16 +75,45 @@ def test_the_ledger_is_written_whole_again_after_compact_every_deltas(tmp_path: 
     assert refs[11] == LedgerRef(11, (), 12)
 
 
-def test_committing_deletes_only_files_no_later_offset_needs(tmp_path: Path) -> None:
+def test_committing_deletes_only_files_no_kept_offset_needs(tmp_path: Path) -> None:
     store = LedgerStore(str(tmp_path))
     refs = [store.write(seq, frozenset(f"s{i}" for i in range(seq + 1))) for seq in range(14)]
-    store.discard_before(refs[12].base)  # base 11
+    store.keep_from(10)  # the oldest offset Spark keeps is batch 10's: base 0, nothing goes
+    assert len(os.listdir(tmp_path / "ledger")) == 14
+    store.keep_from(12)  # batch 12's: base 11
     assert sorted(os.listdir(tmp_path / "ledger")) == [
         "delta-12.json",
         "delta-13.json",
         "snapshot-11.json",
     ]
-    assert LedgerStore(str(tmp_path)).load(refs[13]) == frozenset(f"s{i}" for i in range(14))
+    for seq in (11, 12, 13):
+        assert LedgerStore(str(tmp_path)).load(refs[seq]) == {f"s{i}" for i in range(seq + 1)}
+
+
+def test_a_restore_deletes_the_files_of_later_batches_before_they_are_planned_again(
+    tmp_path: Path,
+) -> None:
+    """Batches 0 to 14 ran (a snapshot at 11); the query is rolled back to batch 9. Planned
+    again, batch 10 finishes nothing and batch 11 writes a delta where the abandoned
+    snapshot was: had that snapshot stayed, committing batch 11 would take it for the base
+    of the offsets kept and delete snapshot 0, which they read from."""
+    store = LedgerStore(str(tmp_path))
+    ids = [frozenset(f"s{i}" for i in range(seq + 1)) for seq in range(15)]
+    refs = [store.write(seq, ids[seq]) for seq in range(15)]
+    assert refs[11] == LedgerRef(11, (), 12)
+
+    again = LedgerStore(str(tmp_path))
+    assert again.load(refs[9]) == ids[9]
+    again.resume_at(9)
+    assert sorted(os.listdir(tmp_path / "ledger")) == sorted(
+        ["snapshot-0.json", *(f"delta-{seq}.json" for seq in range(1, 10))]
+    )
+    assert again.write(10, ids[9]) == refs[9]
+    replanned = again.write(11, ids[9] | {"late"})
+    assert replanned == LedgerRef(0, (*range(1, 10), 11), 11)
+    again.keep_from(11)
+    assert LedgerStore(str(tmp_path)).load(replanned) == ids[9] | {"late"}
+    assert LedgerStore(str(tmp_path)).load(refs[9]) == ids[9]
 
 
 def test_a_missing_ledger_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
@@ -106,20 +137,27 @@ def test_a_ledger_that_does_not_match_its_checkpoint_is_an_error(tmp_path: Path)
 
 
 def planner(
-    catalog: SequenceCatalog, clock: FakeClock, state_dir: Path | None
+    catalog: SequenceCatalog,
+    clock: FakeClock,
+    state_dir: Path | None,
+    retain_batches: int = RETAIN_BATCHES,
 ) -> Planner[Any, Any]:
     source = SequenceSource(catalog, discovery_interval=DISCOVERY)
-    return Planner(source, 2, clock=clock, state_dir=str(state_dir) if state_dir else None)
+    state = str(state_dir) if state_dir else None
+    return Planner(source, 2, clock=clock, state_dir=state, retain_batches=retain_batches)
 
 
 def finish_splits(
     query: Query, catalog: SequenceCatalog, clock: FakeClock, names: list[str]
 ) -> None:
-    """Add ``names`` as sealed splits of 3 records each and read them to their end."""
+    """Add ``names`` as sealed splits of 3 records each and read them to their end, then
+    one record of split ``live`` (a batch after theirs)."""
     for name in names:
         catalog.add(name, 3)
         catalog.seal(name)
     clock.advance(DISCOVERY)
+    query.drain()
+    catalog.append("live", 1)
     query.drain()
 
 
@@ -182,7 +220,7 @@ def test_restoring_a_ledger_checkpoint_without_its_state_dir_names_the_option(
 def test_commits_keep_the_ledger_directory_small(tmp_path: Path) -> None:
     clock = FakeClock()
     catalog = SequenceCatalog({"live": 1})
-    query = Query(planner(catalog, clock, tmp_path))
+    query = Query(planner(catalog, clock, tmp_path, retain_batches=1))
     for round_ in range(3 * COMPACT_EVERY):
         finish_splits(query, catalog, clock, [f"f{round_}"])
     query.planner.commit(query.offset)
@@ -192,6 +230,51 @@ def test_commits_keep_the_ledger_directory_small(tmp_path: Path) -> None:
     clock.advance(DISCOVERY)
     restarted.drain()
     assert_exactly_once(query.read + restarted.read, catalog.records())
+
+
+def test_after_150_batches_every_offset_spark_keeps_restores_and_older_state_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Spark keeps the offsets of its last 100 batches (``minBatchesToRetain``; here the
+    default ``stateRetainBatches``). After 150 committed batches, the ledger and the reader
+    events of every offset from batch 51 on are in the state directory, nothing older is,
+    and a query rolled back to the oldest of them restores from it and reads on exactly
+    once."""
+    clock = FakeClock()
+    catalog = SequenceCatalog({"live": 1})
+    query = Query(planner(catalog, clock, tmp_path))
+    events = EventStore(str(tmp_path))
+    finished: dict[int, frozenset[str]] = {0: frozenset()}  # seq -> the ledger after it
+    while len(query.ends) < 151:  # running batch 151 commits batch 150
+        name = f"f{len(query.ends):03d}"
+        catalog.add(name, 2)
+        catalog.seal(name)
+        clock.advance(DISCOVERY)
+        if query.batch() is not None:
+            seq = int(query.offset["seq"])
+            events.write(seq, 0, slot=0, events=[SplitEventTimesEvent.of({"live": seq})])
+            enumerator: Any = query.planner.coordinator.enumerator
+            finished[seq] = enumerator.finished_splits()
+    kept = [end for end in query.ends if end["seq"] >= 51]
+    assert [end["seq"] for end in kept] == list(range(51, 152))
+    referred = set()
+    for end in kept:
+        ref = LedgerRef.decode(end["ledger"])
+        assert LedgerStore(str(tmp_path)).load(ref) == finished[end["seq"]]
+        assert events.read(end["seq"])[1] == [(0, SplitEventTimesEvent.of({"live": end["seq"]}))]
+        referred |= {f"snapshot-{ref.base}.json", *(f"delta-{d}.json" for d in ref.deltas)}
+    assert set(os.listdir(tmp_path / "ledger")) == referred
+    assert sorted(map(int, os.listdir(tmp_path / "events"))) == list(range(51, 152))
+    older = next(end for end in query.ends if end["ledger"]["base"] < kept[0]["ledger"]["base"])
+    with pytest.raises(CheckpointStateError, match="is missing"):
+        LedgerStore(str(tmp_path)).load(LedgerRef.decode(older["ledger"]))
+
+    rolled_back = Query(planner(catalog, clock, tmp_path), start=kept[0])
+    catalog.append("live", 3)
+    clock.advance(DISCOVERY)
+    rolled_back.drain()
+    read_before = [r for batch in query.batches[:51] for r in batch]
+    assert_exactly_once(read_before + rolled_back.read, catalog.records())
 
 
 def test_inspect_counts_ledger_splits_and_lists_them_with_the_state_dir(tmp_path: Path) -> None:

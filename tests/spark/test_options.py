@@ -22,6 +22,7 @@ WHOLE_NUMBER_OPTIONS = [
     "maxRecordsPerBatch",
     "minRecordsPerBatch",
     "maxRecordsPerTask",
+    "stateRetainBatches",
 ]
 DURATION_OPTIONS = ["maxBatchDelay", "readerIdleTimeout"]
 
@@ -152,6 +153,14 @@ def test_min_records_per_batch_above_max_records_per_batch_is_rejected() -> None
 def test_min_records_per_batch_equal_to_max_records_per_batch_is_allowed() -> None:
     parsed = parse(minRecordsPerBatch="1000", maxRecordsPerBatch="1000")
     assert parsed.min_records_per_batch == parsed.max_records_per_batch == 1_000
+
+
+def test_state_retain_batches_is_spark_s_default_and_needs_a_state_dir() -> None:
+    assert parse(stateDir="/tmp/s").state_retain_batches == 100  # minBatchesToRetain's default
+    assert parse(stateDir="/tmp/s", stateRetainBatches="250").state_retain_batches == 250
+    with pytest.raises(ConfigurationError, match="needs option stateDir") as error:
+        parse(stateRetainBatches="250")
+    assert error.value.option == "stateRetainBatches"
 
 
 def test_a_configuration_error_is_a_value_error_under_the_splitflow_root() -> None:

@@ -83,10 +83,20 @@ def records_of(
     ]
 
 
+def write_task_events(planner: Planner[Any, Any], end: Mapping[str, Any]) -> None:
+    """What every task of the batch that ends at ``end`` leaves in the planner's state
+    directory, if it has one: its reader events (none, with the sequence source)."""
+    store = planner._events
+    if store is not None:
+        tasks = plan_partitions(BatchOffset.decode(end, planner.source), None)
+        for index, (slot, _) in enumerate(tasks):
+            store.write(int(end["seq"]), index, slot, [])
+
+
 def slot_splits(offset: Mapping[str, Any], source: SequenceSource) -> list[list[str]]:
-    """Split ids per slot in an offset."""
-    decoded = BatchOffset.decode(offset, source)
-    return [[piece.split.split_id for piece in slot] for slot in decoded.slots]
+    """Split ids each slot holds after an offset's batch."""
+    states = BatchOffset.decode(offset, source).reader_states()
+    return [[split.split_id for split in states[slot]] for slot in sorted(states)]
 
 
 def assert_exactly_once(read: Iterable[Record], expected: Iterable[Record]) -> None:
@@ -129,6 +139,7 @@ class Query:
         """
         self.planner.commit(self.offset)
         records = records_of(end, self.source)
+        write_task_events(self.planner, end)
         self.read.extend(records)
         self.batches.append(records)
         self.ends.append(end)
@@ -541,39 +552,45 @@ def test_records_appended_to_a_split_are_read_in_a_following_batch(clock: FakeCl
     assert_exactly_once(query.read, catalog.records())
 
 
-def test_a_sealed_split_read_to_its_end_is_finished_in_a_batch_without_records(
+def test_a_split_sealed_after_its_last_read_finishes_without_a_batch_of_its_own(
     clock: FakeClock,
 ) -> None:
+    """No empty batch only to record a finish: the enumerator learns it at once, and the next
+    batch that reads records records it."""
     catalog = SequenceCatalog({"a": 5, "b": 3})
     query = Query(planner_for(catalog, clock))
     query.drain()
     catalog.seal("a")
+    assert query.plan() is None, "no batch without records"
+    assert "a" in query.planner.coordinator.enumerator.finished_splits()  # type: ignore[attr-defined]
+    assert "a" not in query.planner.lag()["splits"]
+    catalog.append("b", 2)
     end = query.plan()
-    assert end is not None, "the ownership change needs a batch, even without records"
-    assert end["seq"] == query.offset["seq"] + 1
-    assert query.run(end) == []
+    assert end is not None
+    assert query.run(end) == [("b", 3), ("b", 4)]
     decoded = BatchOffset.decode(end, query.source)
     assert "a" in decoded.enumerator.finished
     assert "a" not in decoded.enumerator.assigned
     assert all("a" not in slot for slot in slot_splits(end, query.source))
-    assert "a" in query.planner.coordinator.enumerator.finished_splits()  # type: ignore[attr-defined]
-    assert "a" not in query.planner.lag()["splits"]
     assert query.plan() is None  # finished once, not again in every batch
+    assert_exactly_once(query.read, catalog.records())
 
 
-def test_a_finished_split_gets_its_batch_under_min_records_once_max_delay_passed(
+def test_a_restart_from_an_offset_that_holds_a_split_at_its_end_finishes_it(
     clock: FakeClock,
 ) -> None:
+    """A split sealed after the last batch: the restarted query finishes it from the offset
+    (positions say it ended) and reads nothing again."""
     catalog = SequenceCatalog({"a": 5, "b": 3})
     query = Query(planner_for(catalog, clock))
     query.drain()
     catalog.seal("a")
-    limit = MinRecords(10, max_delay=60.0)
-    assert query.plan(limit) is None  # waiting for records or for max_delay
-    clock.advance(60)
-    end = query.plan(limit)
-    assert end is not None
-    assert "a" in BatchOffset.decode(end, query.source).enumerator.finished
+    restarted = Query(planner_for(catalog, clock), start=query.offset)
+    assert restarted.plan() is None
+    assert "a" in restarted.planner.coordinator.enumerator.finished_splits()  # type: ignore[attr-defined]
+    catalog.append("b", 1)
+    assert restarted.batch() == [("b", 3)]
+    assert "a" in BatchOffset.decode(restarted.offset, query.source).enumerator.finished
 
 
 def test_a_sealed_split_is_read_to_its_end_before_it_finishes(clock: FakeClock) -> None:
@@ -581,9 +598,13 @@ def test_a_sealed_split_is_read_to_its_end_before_it_finishes(clock: FakeClock) 
     query = Query(planner_for(catalog, clock))
     catalog.seal("a")
     assert query.batch(MaxRecords(3)) == [("a", 0), ("a", 1), ("a", 2)]
+    assert "a" not in BatchOffset.decode(query.offset, query.source).enumerator.finished
     assert query.batch(MaxRecords(3)) == [("a", 3), ("a", 4)]
-    assert query.batch(MaxRecords(3)) == []  # finished
-    assert query.plan(MaxRecords(3)) is None
+    last = BatchOffset.decode(query.offset, query.source)
+    assert "a" in last.enumerator.finished, "the batch that reads its end finishes it"
+    assert [s.ends for slot in last.slots for s in slot] == [True]
+    assert last.reader_states() == {0: [], 1: []}
+    assert query.plan(MaxRecords(3)) is None, "no batch of its own for the finish"
     assert_exactly_once(query.read, catalog.records())
 
 

@@ -71,12 +71,12 @@ def test_inspect_an_older_batch_whose_ledger_was_discarded_fails_cleanly(
     clock = FakeClock()
     catalog = SequenceCatalog({"live": 1})
     state = tmp_path / "state"
-    query = Query(planner(catalog, clock, state))
+    query = Query(planner(catalog, clock, state, retain_batches=1))
     finish_splits(query, catalog, clock, ["f-first"])
     first = query.offset
     for round_ in range(2 * COMPACT_EVERY):
         finish_splits(query, catalog, clock, [f"f{round_}"])
-    query.planner.commit(query.offset)  # deletes the files before its snapshot
+    query.planner.commit(query.offset)  # keeps only its own offset: deletes older files
     offsets = tmp_path / "chk" / "offsets"
     offsets.mkdir(parents=True)
     for batch, offset in ((0, first), (1, query.offset)):

@@ -99,7 +99,7 @@ def test_many_objects_are_read_at_once_and_a_missing_one_is_none(object_store: A
     assert store.get_many([]) == {}
 
 
-def test_a_commit_lists_the_ledger_only_when_its_snapshot_is_newer(object_store: Any) -> None:
+def test_commits_delete_ledger_files_by_name_and_only_a_restore_lists(object_store: Any) -> None:
     from splitflow.spark.ledger import COMPACT_EVERY, LedgerStore
 
     store = _store(object_store, "ledger-lists")
@@ -108,11 +108,16 @@ def test_a_commit_lists_the_ledger_only_when_its_snapshot_is_newer(object_store:
     store.names = lambda folder: listings.append(folder) or original(folder)  # type: ignore[method-assign]
     ledger = LedgerStore(store)
     refs = [ledger.write(seq, frozenset(map(str, range(seq)))) for seq in range(1, 15)]
-    for ref in refs:
-        ledger.discard_before(ref.base)
-    assert len(listings) == 2  # snapshot 1, then snapshot COMPACT_EVERY + 2
-    assert sorted(original(ledger.root))[-1] == f"snapshot-{COMPACT_EVERY + 2}.json"
-    assert ledger.load(refs[-1]) == frozenset(map(str, range(14)))
+    for seq in range(1, 15):
+        ledger.keep_from(seq)  # Spark keeps the last batch's offset only
+    assert listings == []
+    snapshot = f"snapshot-{COMPACT_EVERY + 2}.json"  # snapshot 1, then COMPACT_EVERY + 2
+    assert original(ledger.root) == ["delta-13.json", "delta-14.json", snapshot]
+    restored = LedgerStore(store)
+    restored.resume_at(13)  # rolled back to batch 13
+    assert listings == [ledger.root]
+    assert original(ledger.root) == ["delta-13.json", snapshot]
+    assert restored.load(refs[-2]) == frozenset(map(str, range(13)))
 
 
 def test_the_state_store_creates_an_object_once_of_many_concurrent_creates(
@@ -169,16 +174,19 @@ def test_the_event_and_ledger_stores_keep_their_guarantees_on_the_store(
     events.write(3, 1, slot=0, events=[Ping(1)])  # a retried attempt
     events.write(3, 0, slot=1, events=[Ping(7), Ping(8)])
     events.write(4, 0, slot=0, events=[Ping(2)])
-    assert events.read(3) == [(1, Ping(7)), (1, Ping(8)), (0, Ping(1))]
-    events.discard_through(3)
-    assert events.read(3) == []
-    assert events.read(4) == [(0, Ping(2))]
+    assert events.read(3)[1] == [(1, Ping(7)), (1, Ping(8)), (0, Ping(1))]
+    events.write(5, 0, slot=0, events=[Ping(3)])
+    events.keep_from(4)
+    assert events.read(3)[1] == []
+    assert events.read(4)[1] == [(0, Ping(2))]
+    EventStore(store).resume_at(4)  # rolled back to batch 4: batch 5's events go
+    assert store.names(events.root) == ["4"]
 
     ledger = LedgerStore(store)
     refs = [ledger.write(seq, frozenset(f"s{i}" for i in range(seq + 1))) for seq in range(14)]
     for seq, ref in enumerate(refs):
         assert LedgerStore(_store(object_store)).load(ref) == {f"s{i}" for i in range(seq + 1)}
-    ledger.discard_before(refs[13].base)
+    ledger.keep_from(13)  # the oldest offset Spark keeps: base COMPACT_EVERY + 1
     assert store.names(store.path("ledger")) == [
         "delta-12.json",
         "delta-13.json",
@@ -191,7 +199,8 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
 ) -> None:
     """Requests per planned batch stay the same from batch 5 to batch 60: the owner token,
     one listing of the last batch's events and its task objects, one ledger object (the
-    clean-up at commits deletes at most a snapshot and its deltas at a time)."""
+    clean-up at commits lists nothing: it deletes one batch's events, and at most a snapshot
+    and its deltas at a time, by name)."""
     from tests.spark.test_ledger import finish_splits
     from tests.spark.test_planner import FakeClock, Query
 
@@ -205,7 +214,8 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
         original = getattr(store, method)
 
         def counted(*args: Any, _m: str = method, _o: Any = original, **kw: Any) -> Any:
-            calls[_m] = calls.get(_m, 0) + 1
+            if not (_m == "put" and "/events/" in str(args[0])):  # the tasks' writes
+                calls[_m] = calls.get(_m, 0) + 1
             return _o(*args, **kw)
 
         setattr(store, method, counted)
@@ -214,13 +224,15 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
     query = Query(
         Planner(SequenceSource(catalog, discovery_interval=0.1), 2, clock=clock, state_dir=store)
     )
+    query.planner.retain_batches = 10  # commits delete from batch 11 on
     per_batch: list[float] = []
     for round_ in range(60):
         before, deleted = sum(calls.values()) - calls.get("delete", 0), calls.get("delete", 0)
         finish_splits(query, catalog, clock, [f"f{round_}"])
         planned = sum(calls.values()) - calls.get("delete", 0) - before
         per_batch.append(planned / max(1, len(query.batches)))
-        assert calls.get("delete", 0) - deleted <= COMPACT_EVERY + 2
+        # per commit: one batch's events; and a snapshot with its deltas now and then
+        assert calls.get("delete", 0) - deleted <= COMPACT_EVERY + 1 + len(query.batches)
         query.batches.clear()
     assert max(per_batch[40:]) <= max(per_batch[1:25]), per_batch
     assert max(per_batch) < 8, per_batch

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSourceReader
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import SplitflowDataSource
@@ -23,9 +23,32 @@ class CdcDataSource(SplitflowDataSource):
     CdcSource` in :meth:`create_source`."""
 
     _options: Any
+    _tables: list[Any]
+    _row_bytes: dict[str, int]
+
+    def _load_tables(self, catalog: Any, conn: Any) -> None:
+        """The tables the options match on ``conn``, described, and their row sizes
+        (``catalog``: the database's catalog module)."""
+        names = catalog.list_tables(conn, self._options)
+        self._tables = [catalog.describe_table(conn, name, self._options) for name in names]
+        self._row_bytes = catalog.row_bytes(conn, names)
 
     def create_source(self) -> CdcSource[Any, Any]:
         raise NotImplementedError
+
+    def check_streaming(self) -> None:
+        """What the database needs for a stream (its log's settings), checked before the
+        query starts; a ConfigurationError or ConnectorError naming what to change."""
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        self.check_streaming()
+        if self._options.mode == "initial" and self.runtime.state_dir is None:
+            raise ConfigurationError(
+                "option stateDir is required with startupMode=initial: the snapshot's chunk "
+                "readers report their watermarks to the driver through it",
+                option="stateDir",
+            )
+        return super().streamReader(schema)
 
     def schema(self) -> str:
         from splitflow.connectors.cdc.schema import spark_schema

@@ -321,6 +321,7 @@ class SplitflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 state_dir=runtime.state_store,
                 backlog_lag_threshold=runtime.backlog_lag_threshold,
                 event_time=self._ds.event_time,
+                retain_batches=runtime.state_retain_batches,
             )
             self._close_on_sigterm()
         return self._planner

@@ -12,6 +12,24 @@ On a cluster the state directory must be one every executor and the driver reach
 filesystem or an object store (:class:`~splitflow.spark.statedir.StateStore`). Planning batch
 ``n + 1`` reads ``events/<n>/``: one listing of a folder that holds one object per task of
 batch ``n``, however old the query.
+
+How long events are kept. The offset of batch ``k`` records ``events_through = k - 1``, so
+planning from it applies ``events/<k>/``. Spark plans from any offset it keeps: the newest
+after a restart, and an older one when a user rolls a stopped query back by deleting the
+newer offset and commit files. If batch ``k``'s commit file is gone too, Spark first runs
+batch ``k`` again, whose tasks write ``events/<k>/`` again (the same events: a reader's are
+a function of its slice, and the offset is the same), but if it is kept, Spark runs no task
+of batch ``k`` and plans from its offset at once: ``events/<k>/`` is read as it was left.
+So a batch's events outlive their first application for as long as Spark keeps its offset:
+
+* **Committing batch n** (:meth:`EventStore.keep_from` with ``oldest = n - retain + 1``,
+  ``retain`` as in :mod:`splitflow.spark.ledger`) deletes the events of the batches before
+  ``oldest``, by name, one batch's folder at a time (no listing of ``events/``).
+* **A restore from batch k** (:meth:`EventStore.resume_at`) deletes the events of batches
+  after ``k``: their offsets are gone (rolled back, or lost in a crash before Spark logged
+  them, in which case no task ran), and the batch of the same number that is planned next
+  may have other tasks, so a file of the old one left beside its files would be read as
+  one of its own. One listing of ``events/`` per run, which holds ``retain`` batches.
 """
 
 from __future__ import annotations
@@ -62,6 +80,7 @@ class EventStore:
     def __init__(self, state_dir: str | StateStore) -> None:
         self.store = open_store(state_dir)
         self.root = self.store.path("events")
+        self._oldest = 0  # no batch before this one has events left (that this store knows)
 
     def _batch(self, seq: int) -> str:
         return self.store.path("events", str(seq))
@@ -72,9 +91,11 @@ class EventStore:
         target = self.store.path("events", str(seq), f"{task:06d}")
         self.store.put(target, pickle.dumps((slot, list(events))))
 
-    def read(self, seq: int) -> list[tuple[int, SourceEvent]]:
-        """Batch ``seq``'s events as ``(slot, event)``, in task order."""
+    def read(self, seq: int) -> tuple[set[int], list[tuple[int, SourceEvent]]]:
+        """The slots whose tasks of batch ``seq`` wrote (every task writes, with or without
+        events), and the batch's events as ``(slot, event)``, in task order."""
         directory = self._batch(seq)
+        slots: set[int] = set()
         result: list[tuple[int, SourceEvent]] = []
         paths = [
             self.store.path("events", str(seq), name)
@@ -94,12 +115,26 @@ class EventStore:
                     "of splitflow or of the connector?",
                     path=where,
                 ) from e
+            slots.add(slot)
             result.extend((slot, event) for event in events)
-        return result
+        return slots, result
 
-    def discard_through(self, seq: int) -> None:
-        """Forget the events of batches up to ``seq`` (applied and checkpointed). One listing
-        of ``events/``, which holds the batches not yet discarded (a few)."""
-        for name in self.store.names(self.root):
-            if name.isdigit() and int(name) <= seq:
-                self.store.delete(self._batch(int(name)), folder=True)
+    def resume_at(self, seq: int) -> None:
+        """The query restores from the offset of batch ``seq``: delete the events of later
+        batches and learn the oldest batch with events left. One listing of ``events/``;
+        call it before the run plans a batch after ``seq`` (a replay of batch ``seq`` itself
+        may have run: its events stay)."""
+        kept = []
+        for batch in sorted(int(name) for name in self.store.names(self.root) if name.isdigit()):
+            if batch > seq:
+                self.store.delete(self._batch(batch), folder=True)
+            else:
+                kept.append(batch)
+        self._oldest = min(kept, default=seq + 1)
+
+    def keep_from(self, oldest: int) -> None:
+        """Spark keeps no offset of a batch before ``oldest``: delete the events of those
+        batches, one folder per batch since the last call (usually one), by name."""
+        for batch in range(self._oldest, oldest):
+            self.store.delete(self._batch(batch), folder=True)
+        self._oldest = max(self._oldest, oldest)

@@ -12,10 +12,31 @@ its ledger and a :class:`LedgerRef`; the ledger itself is a full snapshot file w
 The ledger of an offset is its snapshot with its deltas applied in order, so restoring reads
 at most ``1 + COMPACT_EVERY`` objects, and planning a batch reads none. Files are written
 whole (:meth:`~splitflow.spark.statedir.StateStore.put`: an atomic rename locally, one PUT
-on an object store), and only ever for an offset being planned: a batch whose offset Spark has
-persisted is never planned again, so a file an offset refers to is never rewritten (a file
-of an offset lost in a crash may be, with the replanned batch's content). Committing a batch
-deletes the files older than its snapshot, which no later offset refers to.
+on an object store), and only ever for an offset being planned.
+
+Which files may go. Spark keeps the offsets of its last ``minBatchesToRetain`` batches (option
+``stateRetainBatches`` says how many: the runtime cannot read Spark's setting), and any of
+them may be restored from again: a user rolls a stopped query back by deleting its newest
+offset and commit files, and the restart plans the next batch from the newest one left. So
+each kept offset must find its files, and a rolled-back batch is planned again, possibly
+writing other files than the first time (a delta where a snapshot was, or nothing):
+
+* **A restore from batch k** (:meth:`LedgerStore.resume_at`) deletes the files of batches
+  after ``k``: they belong to offsets Spark no longer has (rolled back, or planned and lost
+  in a crash before Spark logged them). The planner calls it once per run, after the owner
+  check, before it writes any file; it is the one listing of the folder in a run (of about
+  ``retain`` batches' files). From then on every file in the folder is one that the lineage
+  of the offsets Spark keeps wrote, so the newest snapshot at or before a batch is that
+  batch's base.
+* **Committing batch n** (:meth:`LedgerStore.keep_from` with ``oldest = n - retain + 1``):
+  Spark commits batch ``n`` to the source once it logged the next batch's offset, and then
+  keeps that batch and the ``retain`` before it; a splitflow batch number grows by at most
+  one per Spark batch, so Spark keeps no offset older than ``oldest``. Bases only move
+  forward along a lineage, so every kept offset reads from the base of ``oldest`` on: the
+  newest snapshot at or before ``oldest``. The files before it go, by name, from what the
+  store remembers (no listing). Example with ``retain = 100`` and a snapshot every 10
+  changes: committing batch 150 keeps batch 51's base, snapshot 44 say, and deletes the
+  snapshots and deltas before 44.
 
 The state directory belongs to one query, as its checkpoint location does.
 """
@@ -33,6 +54,10 @@ from splitflow.spark.statedir import StateStore, open_store
 
 COMPACT_EVERY = 10
 """A ledger is written whole again after this many deltas."""
+
+RETAIN_BATCHES = 100
+"""How many of the last batches' offsets stay restorable by default (option
+``stateRetainBatches``): Spark's default ``spark.sql.streaming.minBatchesToRetain``."""
 
 
 @dataclass(frozen=True)
@@ -60,17 +85,19 @@ class LedgerStore:
         self.root = self.store.path("ledger")
         self._ref: LedgerRef | None = None
         self._ids: frozenset[str] = frozenset()
-        self._discarded = -1  # files before this snapshot are gone (no listing needed)
+        self._files: dict[str, int] = {}  # file name -> batch, of the files known to exist
+        self._snapshots: set[int] = set()  # the batches of the snapshots among them
+        self._kept_from = -1  # the base of the oldest kept offset, as last computed
 
     def write(self, seq: int, ids: frozenset[str]) -> LedgerRef:
         """Record ``ids`` as the ledger of the offset of batch ``seq``."""
         ref = self._ref
         if ref is None or len(ref.deltas) >= COMPACT_EVERY:
-            self._write(f"snapshot-{seq}", {"ids": sorted(ids)})
+            self._write(seq, "snapshot", {"ids": sorted(ids)})
             ref = LedgerRef(seq, (), len(ids))
         elif ids != self._ids:
             added, dropped = ids - self._ids, self._ids - ids
-            self._write(f"delta-{seq}", {"add": sorted(added), "drop": sorted(dropped)})
+            self._write(seq, "delta", {"add": sorted(added), "drop": sorted(dropped)})
             ref = LedgerRef(ref.base, (*ref.deltas, seq), len(ids))
         self._ref, self._ids = ref, ids
         return ref
@@ -94,23 +121,46 @@ class LedgerStore:
         self._ref, self._ids = ref, frozenset(ids)
         return self._ids
 
-    def discard_before(self, base: int) -> None:
-        """Delete the files of batches before snapshot ``base`` (a committed offset's).
-        Lists the folder only when ``base`` is newer than the last one discarded before (a
-        snapshot is written every :data:`COMPACT_EVERY` changes, so most commits list
-        nothing)."""
-        if base <= self._discarded:
-            return
+    def resume_at(self, seq: int) -> None:
+        """The query restores from the offset of batch ``seq``: delete the files of later
+        batches (no offset Spark keeps refers to them; a replanned batch may write others)
+        and remember the rest. One listing; call it before the run writes any file."""
+        self._files, self._snapshots = {}, set()
         for name in self.store.names(self.root):
             kind, _, rest = name.partition("-")
-            seq = rest.removesuffix(".json")
-            if kind in ("snapshot", "delta") and seq.isdigit() and int(seq) < base:
+            number = rest.removesuffix(".json")
+            if kind not in ("snapshot", "delta") or not number.isdigit():
+                continue
+            if int(number) > seq:
                 self.store.delete(self.store.path("ledger", name))
-        self._discarded = base
+            else:
+                self._remember(int(number), kind)
+        self._kept_from = -1
 
-    def _write(self, name: str, content: JsonDict) -> None:
+    def keep_from(self, oldest: int) -> None:
+        """Spark keeps no offset of a batch before ``oldest``: delete the files older than
+        the newest snapshot at or before ``oldest`` (the base of every offset kept). Lists
+        nothing: deletes the files this store wrote, or found at :meth:`resume_at`, by name;
+        deletes only when that snapshot moved on (every :data:`COMPACT_EVERY` changes)."""
+        base = max((s for s in self._snapshots if s <= oldest), default=-1)
+        if base <= self._kept_from:
+            return
+        for name, seq in sorted(self._files.items(), key=lambda item: item[1]):
+            if seq < base:
+                self.store.delete(self.store.path("ledger", name))
+                del self._files[name]
+                self._snapshots.discard(seq)
+        self._kept_from = base
+
+    def _remember(self, seq: int, kind: str) -> None:
+        self._files[f"{kind}-{seq}.json"] = seq
+        if kind == "snapshot":
+            self._snapshots.add(seq)
+
+    def _write(self, seq: int, kind: str, content: JsonDict) -> None:
         data = json.dumps(content, separators=(",", ":")).encode()
-        self.store.put(self.store.path("ledger", f"{name}.json"), data)
+        self.store.put(self.store.path("ledger", f"{kind}-{seq}.json"), data)
+        self._remember(seq, kind)
 
     def _read(self, name: str) -> Any:
         path = self.store.path("ledger", f"{name}.json")
@@ -119,8 +169,9 @@ class LedgerStore:
             path = self.store.where(path)
             raise CheckpointStateError(
                 f"ledger file {path} is missing: the checkpoint refers to it; is option "
-                "stateDir the one the query ran with, and is this the query's latest batch "
-                "(a commit discards the files of older ones)",
+                "stateDir the one the query ran with, and is stateRetainBatches at least "
+                "Spark's spark.sql.streaming.minBatchesToRetain (a commit deletes the files "
+                "of the batches before the last stateRetainBatches)",
                 path=path,
             )
         try:

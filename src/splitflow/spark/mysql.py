@@ -12,9 +12,7 @@ naming it. See ``docs/cdc.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from pyspark.sql.datasource import DataSourceStreamReader
+from typing import TYPE_CHECKING
 
 from splitflow.connectors.mysql import options as mysql_options
 from splitflow.errors import ConfigurationError
@@ -41,9 +39,7 @@ class MySqlCdcDataSource(CdcDataSource):
         self._options = MySqlOptions.parse(options, known=set(NAMES))
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options) as conn:
-            names = catalog.list_tables(conn, self._options)
-            self._tables = [catalog.describe_table(conn, name, self._options) for name in names]
-            self._row_bytes = catalog.row_bytes(conn, names)
+            self._load_tables(catalog, conn)
         super().__init__(options)
 
     @classmethod
@@ -55,7 +51,7 @@ class MySqlCdcDataSource(CdcDataSource):
 
         return MySqlCdcSource(self._options, self._tables, self._row_bytes)
 
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+    def check_streaming(self) -> None:
         from splitflow.connectors.mysql import catalog
 
         with catalog.connect(self._options) as conn:
@@ -70,13 +66,6 @@ class MySqlCdcDataSource(CdcDataSource):
                 f"range of at least {needed} ids that no other replica uses",
                 option="serverId",
             )
-        if self._options.mode == "initial" and self.runtime.state_dir is None:
-            raise ConfigurationError(
-                "option stateDir is required with startupMode=initial: the snapshot's chunk "
-                "readers report their watermarks to the driver through it",
-                option="stateDir",
-            )
-        return super().streamReader(schema)
 
     def __repr__(self) -> str:
         return f"MySqlCdcDataSource({self._options!r})"

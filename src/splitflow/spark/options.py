@@ -33,6 +33,11 @@ option                        default    meaning
                                          filesystem (``stateDir.endpoint_url``,
                                          ``stateDir.account_name``, ...); without them
                                          the store's client reads its environment
+``stateRetainBatches``        100        the state of the last this many batches stays in
+                                         stateDir, so each offset Spark keeps can be
+                                         restored (a rollback, a replay); set it to the
+                                         session's ``spark.sql.streaming.minBatchesToRetain``
+                                         if that is not 100 (the source cannot read it)
 ``eventTimeColumn``           (source's) the timestamp column that holds event time (the
                                          generator's ``event_time``, Kafka's ``timestamp``,
                                          CDC's ``commit_ts``; files: none); with stateDir,
@@ -57,6 +62,7 @@ from typing import Any
 
 from splitflow.api.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
+from splitflow.spark.ledger import RETAIN_BATCHES
 from splitflow.spark.planner import (
     BacklogAware,
     MaxBytes,
@@ -65,7 +71,7 @@ from splitflow.spark.planner import (
     ReadAll,
     ReadLimit,
 )
-from splitflow.spark.statedir import StateStore, storage_options
+from splitflow.spark.statedir import StateStore, absolute, storage_options
 
 NAMES = (
     "parallelism",
@@ -79,6 +85,7 @@ NAMES = (
     "maxRecordsPerTask",
     "readerIdleTimeout",
     "stateDir",
+    "stateRetainBatches",
     "eventTimeColumn",
     "maxEventTimeDrift",
     "splitIdleTimeout",
@@ -102,6 +109,7 @@ class RuntimeOptions:
     max_records_per_task: int | None = None
     reader_idle_timeout: float = 60.0
     state_dir: str | None = None
+    state_retain_batches: int = RETAIN_BATCHES
     event_time_column: str | None = None
     max_event_time_drift: float | None = None
     split_idle_timeout: float = 60.0
@@ -142,7 +150,8 @@ class RuntimeOptions:
             max_batch_delay=duration("maxBatchDelay", 900.0),
             max_records_per_task=whole("maxRecordsPerTask"),
             reader_idle_timeout=duration("readerIdleTimeout", 60.0, above_zero=True),
-            state_dir=options.get("statedir") or None,
+            state_dir=absolute(options["statedir"]) if options.get("statedir") else None,
+            state_retain_batches=whole("stateRetainBatches") or RETAIN_BATCHES,
             event_time_column=options.get("eventtimecolumn") or None,
             max_event_time_drift=(
                 None
@@ -157,6 +166,12 @@ class RuntimeOptions:
             raise ConfigurationError(
                 f"option stateDir.{first} is given without option stateDir",
                 option=f"stateDir.{first}",
+            )
+        if "stateretainbatches" in options and parsed.state_dir is None:
+            raise ConfigurationError(
+                "option stateRetainBatches needs option stateDir: it says how long the "
+                "state there is kept",
+                option="stateRetainBatches",
             )
         if parsed.max_event_time_drift is not None and parsed.state_dir is None:
             raise ConfigurationError(

@@ -49,7 +49,7 @@ from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeSettings, iso
-from splitflow.spark.ledger import LedgerRef, LedgerStore
+from splitflow.spark.ledger import RETAIN_BATCHES, LedgerRef, LedgerStore
 from splitflow.spark.statedir import Owner, StateStore
 
 log = logging.getLogger("splitflow.spark")
@@ -186,10 +186,12 @@ def share_bytes(
 
 @dataclass(frozen=True)
 class Slice(Generic[SplitT]):
-    """Split ``split`` is read from ``split.position`` up to ``stop`` (exclusive)."""
+    """Split ``split`` is read from ``split.position`` up to ``stop`` (exclusive); ``ends``:
+    ``stop`` is the split's final position, so the split is finished after the batch."""
 
     split: SplitT
     stop: int
+    ends: bool = False
 
     @property
     def records(self) -> int:
@@ -204,6 +206,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     enumerator: EnumStateT
     slots: tuple[tuple[Slice[SplitT], ...], ...]
     backlog: bool = False
+    """Whether the source was processing backlog when the batch was planned."""
     events_through: int = 0
     """Reader events of batches up to this one are applied to ``enumerator``."""
     to_readers: Mapping[int, tuple[SourceEvent, ...]] = field(default_factory=dict)
@@ -226,9 +229,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         return len(self.slots)
 
     def reader_states(self) -> dict[int, list[SplitT]]:
-        """Each slot's splits at the position reading resumes after this batch."""
+        """Each slot's splits at the position reading resumes after this batch (the splits
+        the batch ends are finished then)."""
         return {
-            slot: [with_position(s.split, s.stop) for s in slices]
+            slot: [with_position(s.split, s.stop) for s in slices if not s.ends]
             for slot, slices in enumerate(self.slots)
         }
 
@@ -252,7 +256,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             seen[id(split)] = hit
             return hit[1]
 
-        slots = [[[*encoded(s.split), s.stop] for s in slot] for slot in self.slots]
+        slots = [
+            [[*encoded(s.split), s.stop, *([1] if s.ends else [])] for s in slot]
+            for slot in self.slots
+        ]
         if cache is not None:
             cache.clear()
             cache.update(seen)
@@ -287,7 +294,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             seq=seq,
             enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
             slots=tuple(
-                tuple(Slice(codec.decode(s, split_version), int(stop)) for _, s, stop in slot)
+                tuple(
+                    Slice(codec.decode(s, split_version), int(stop), bool(ends))
+                    for _, s, stop, *ends in slot
+                )
                 for slot in data["slots"]
             ),
             backlog=bool(data.get("backlog", False)),
@@ -322,6 +332,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         state_dir: str | StateStore | None = None,
         backlog_lag_threshold: int | None = None,
         event_time: EventTimeSettings | None = None,
+        retain_batches: int = RETAIN_BATCHES,
     ) -> None:
         self.source = source
         self.event_time = event_time
@@ -335,6 +346,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         )
         self._ledger = LedgerStore(state_dir) if state_dir and self._ledgers else None
         self._warned_ledger = False
+        self.retain_batches = retain_batches  # offsets Spark keeps (their state files stay)
+        self._resumed_at: int | None = None  # restored from this batch; stale state not dropped
         self._events_through = 0
         self._to_readers: dict[int, list[SourceEvent]] = {}
         self._clock = clock
@@ -350,7 +363,6 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoded: SplitCache = {}  # splits of the last offset, encoded
         self._initial: JsonDict | None = None  # the offset before the first batch
-        self._unrecorded_finish = False  # splits finished since the last planned offset
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._active_at: dict[str, float] = {}  # split id -> when it last had records to read
         self._next_times: dict[str, tuple[int, int]] = {}  # id -> (position, its event time)
@@ -389,9 +401,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._last = restore_from
         self._event_times = dict(restore_from.event_times) if restore_from else {}
         self._active_at, self._next_times, self._aligned = {}, {}, None
-        self._unrecorded_finish = False
         self._latest_extents = None
         self._events_through = restore_from.events_through if restore_from else 0
+        self._resumed_at = restore_from.seq if restore_from else None
         self._pumped_at = self._last_batch_at = self._clock()
 
     def _restored_state(self, offset: BatchOffset[SplitT, EnumStateT] | None) -> EnumStateT | None:
@@ -511,16 +523,17 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._ensure(start)
         if self._owner is not None:
             self._owner.check()
+        self._drop_abandoned_state()
         self._release_pins(int(start["seq"]))
         self._apply_reader_events(int(start["seq"]))
         self._pump()
         if self._fix_target:
             self._fix_target_now()
-        extents = self._latest_extents = self._extents()
-        # A finish applied while a MinRecords limit waited still needs a batch to record it.
-        changed = self._finish_ended_splits(extents) or self._unrecorded_finish
+        extents = self._extents()
+        if self._finish_ended_splits(extents):  # the enumerator may have assigned others
+            extents = self._extents()
+        self._latest_extents = extents
         self._track_backlog(extents)
-        self._unrecorded_finish = changed
         backlogs = {
             sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
             for slot in self._slots.values()
@@ -541,10 +554,10 @@ class Planner(Generic[SplitT, EnumStateT]):
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
         reads = self._reads(sized, backlogs, extents)
-        if not changed and sum(reads.values()) == 0:
-            return dict(start)  # nothing new: Spark plans no batch
+        if sum(reads.values()) == 0:
+            return dict(start)  # nothing to read: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
-        offset = self._snapshot(seq, reads)
+        offset = self._snapshot(seq, reads, self._ends(reads, extents))
         self._last_batch_at = self._clock()
         return offset.encode(self.source, self._encoded)
 
@@ -588,27 +601,69 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._settle(self._coordinator.notify_checkpoint_complete(seq))
         if self._owner is not None and seq > 0:
             self._owner.confirm()
+        oldest = seq - self.retain_batches + 1  # Spark keeps no older offset than this one's
         if self._events is not None:
-            self._events.discard_through(int(end.get("events_through", 0)))
-        if self._ledger is not None and "ledger" in end:
-            self._ledger.discard_before(int(end["ledger"]["base"]))
+            self._events.keep_from(oldest)
+        if self._ledger is not None:
+            self._ledger.keep_from(oldest)
+
+    def _drop_abandoned_state(self) -> None:
+        """Once per run, after a restore from batch k and the owner check: delete the state
+        files of batches after k, which no offset Spark keeps refers to (rolled back, or lost
+        in a crash); the batches planned next write their own. See the clean-up rules in
+        :mod:`splitflow.spark.ledger` and :mod:`splitflow.spark.events`."""
+        seq, self._resumed_at = self._resumed_at, None
+        if seq is not None and self._events is not None:
+            self._events.resume_at(seq)
+        if seq is not None and self._ledger is not None:
+            self._ledger.resume_at(seq)
 
     def _apply_reader_events(self, completed: int) -> None:
         """Hand the enumerator the events of batches up to ``completed``, once each.
 
         Events of a slot that a restart with less parallelism removed are facts of a batch
         that completed (a chunk's watermark, a quarantined range): they go to the enumerator
-        as from slot ``slot % parallelism``, a registered reader.
+        as from slot ``slot % parallelism``, a registered reader. A reader's
+        SplitsFinishedEvent is left out: the planner finished the split when it planned the
+        batch that read it to its end.
+
+        The last planned batch's tasks must all have written (:meth:`_check_events_written`).
         """
         if self._events is not None:
             for seq in range(self._events_through + 1, completed + 1):
-                for slot, event in self._events.read(seq):
+                slots, events = self._events.read(seq)
+                if self._last is not None and self._last.seq == seq:
+                    self._check_events_written(self._last, slots)
+                for slot, event in events:
                     if isinstance(event, SplitEventTimesEvent):  # the runtime's, not the source's
                         self._observe_event_times(event)
-                    else:
+                    elif not isinstance(event, SplitsFinishedEvent):
                         reader = slot % self.parallelism
                         self._settle(self.coordinator.handle_source_event(reader, event))
         self._events_through = max(self._events_through, completed)
+
+    def _check_events_written(
+        self, batch: BatchOffset[SplitT, EnumStateT], slots: set[int]
+    ) -> None:
+        """Every task of a batch writes its reader events, none or some, once it has read its
+        slices to the end; ``slots`` wrote for ``batch``. A slot with tasks and nothing
+        written is a warning naming the two causes: the executors write elsewhere (a local
+        stateDir on a cluster: then every batch warns), or the sink read the batch only in
+        part or not at all (``limit``, a foreachBatch function that skips its DataFrame).
+        Either way the events of those tasks are lost (a CDC snapshot then never switches to
+        its log: it waits for the chunks' watermarks)."""
+        missing = [s for s in range(batch.parallelism) if batch.has_tasks(s) and s not in slots]
+        if missing and self._events is not None:
+            log.warning(
+                "splitflow: batch %d completed, but the tasks of slot(s) %s left no reader "
+                "events in %s (option stateDir): the executors write elsewhere (on a cluster, "
+                "stateDir must be a store every node reaches, not a local path), or the sink "
+                "did not read the whole batch (limit, or a foreachBatch function that skips "
+                "its DataFrame); those tasks' events are lost",
+                batch.seq,
+                ", ".join(map(str, missing)),
+                self._events.store.where(self._events.root),
+            )
 
     # -- event time ---------------------------------------------------------------------------
 
@@ -869,22 +924,48 @@ class Planner(Generic[SplitT, EnumStateT]):
         return dict(self._settle(self.coordinator.latest_positions(held)))
 
     def _finish_ended_splits(self, extents: Mapping[str, SplitExtent]) -> bool:
-        """Splits read to their final position are finished: tell the enumerator."""
-        changed = False
-        for slot_id, slot in self._slots.items():
-            ended = tuple(
+        """Splits at their final position without a batch reading to it (an empty file, a
+        split whose end became known after its last read, a restore from an offset that did
+        not finish it) are finished now; whether there were any."""
+        return self._finish(
+            {
+                slot_id: [
+                    sid
+                    for sid, split in slot.items()
+                    if sid in extents
+                    and extents[sid].final
+                    and split.position >= extents[sid].latest
+                ]
+                for slot_id, slot in self._slots.items()
+            }
+        )
+
+    def _ends(
+        self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
+    ) -> dict[int, list[str]]:
+        """Each slot's splits that the batch reading ``reads`` reads to their final position."""
+        return {
+            slot_id: [
                 sid
                 for sid, split in slot.items()
-                if sid in extents and extents[sid].final and split.position >= extents[sid].latest
-            )
-            if ended:
-                for sid in ended:
-                    del slot[sid]
-                self._settle(
-                    self.coordinator.handle_source_event(slot_id, SplitsFinishedEvent(ended))
-                )
-                changed = True
-        return changed
+                if reads.get(sid, 0) > 0
+                and extents[sid].final
+                and split.position + reads[sid] >= extents[sid].latest
+            ]
+            for slot_id, slot in self._slots.items()
+        }
+
+    def _finish(self, ended: Mapping[int, Sequence[str]]) -> bool:
+        """Take the splits ``ended`` names out of their slots and tell the enumerator they
+        finished (it may assign others, or clean up what they read once a checkpoint that
+        records them completes); whether there were any."""
+        for slot_id, sids in ended.items():
+            if sids:
+                for sid in sids:
+                    del self._slots[slot_id][sid]
+                event = SplitsFinishedEvent(tuple(sids))
+                self._settle(self.coordinator.handle_source_event(slot_id, event))
+        return any(ended.values())
 
     @property
     def in_backlog(self) -> bool:
@@ -943,8 +1024,27 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._unsorted.discard(slot_id)
         return self._slots[slot_id]
 
-    def _snapshot(self, seq: int, reads: Mapping[str, int]) -> BatchOffset[SplitT, EnumStateT]:
-        """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split."""
+    def _snapshot(
+        self,
+        seq: int,
+        reads: Mapping[str, int],
+        ends: Mapping[int, Sequence[str]] | None = None,
+    ) -> BatchOffset[SplitT, EnumStateT]:
+        """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split.
+
+        The splits ``ends`` names (per slot) are read to their final position: they are
+        finished before the checkpoint, so that it records them finished and the batch
+        that reads their last records is the last batch that holds them (no batch of its
+        own to record the finish; a source that cleans up what a split read does it when
+        this batch commits). They keep their slice in the offset, marked ``ends``.
+        """
+        ending = {
+            slot_id: {sid: self._slots[slot_id][sid] for sid in sids}
+            for slot_id, sids in (ends or {}).items()
+            if sids
+        }
+        backlog = self.coordinator.context.is_processing_backlog  # while the batch reads
+        self._finish(ends or {})
         enumerator = self._settle(self.coordinator.checkpoint(seq))
         ledger = None
         if self._ledgers is not None:
@@ -967,9 +1067,14 @@ class Planner(Generic[SplitT, EnumStateT]):
                 slices.append(Slice(split, split.position + read))
                 if read:  # an unread split stays the same object (no dataclasses.replace)
                     slot[sid] = with_position(split, split.position + read)
+            if slot_id in ending:
+                slices.extend(
+                    Slice(split, split.position + reads[sid], ends=True)
+                    for sid, split in ending[slot_id].items()
+                )
+                slices.sort(key=lambda piece: piece.split.split_id)
             slots.append(tuple(slices))
         self._settle(self.coordinator.release_held_messages())
-        backlog = self.coordinator.context.is_processing_backlog
         to_readers: dict[int, list[SourceEvent]] = {}
         if self._last is not None:  # events whose slot had no task in the last batch wait on
             for slot_id, waiting in self._last.to_readers.items():
@@ -994,7 +1099,6 @@ class Planner(Generic[SplitT, EnumStateT]):
             dict(self._event_times),
             self._owner.token if self._owner else None,
         )
-        self._unrecorded_finish = False
         return self._last
 
     def lag(self) -> dict[str, Any]:

@@ -12,12 +12,9 @@ replica identity is not FULL fails when the stream starts. See ``docs/postgres-c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from pyspark.sql.datasource import DataSourceStreamReader
+from typing import TYPE_CHECKING
 
 from splitflow.connectors.postgres import options as postgres_options
-from splitflow.errors import ConfigurationError
 from splitflow.spark.cdc import CdcDataSource
 from splitflow.spark.options import NAMES, RuntimeOptions
 
@@ -46,9 +43,7 @@ class PostgresCdcDataSource(CdcDataSource):
         self._options = PostgresOptions.parse(options, known=set(NAMES))
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options, autocommit=True) as conn:
-            names = catalog.list_tables(conn, self._options)
-            self._tables = [catalog.describe_table(conn, name, self._options) for name in names]
-            self._row_bytes = catalog.row_bytes(conn, names)
+            self._load_tables(catalog, conn)
         super().__init__(options)
 
     @classmethod
@@ -60,7 +55,7 @@ class PostgresCdcDataSource(CdcDataSource):
 
         return PostgresCdcSource(self._options, self._tables, self._row_bytes)
 
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+    def check_streaming(self) -> None:
         from splitflow.connectors.postgres import catalog
 
         self._options.check_streaming()
@@ -69,13 +64,6 @@ class PostgresCdcDataSource(CdcDataSource):
                 catalog.check_replica_identity(table)
             with catalog.connect(self._options, autocommit=True) as conn:
                 catalog.check_logical(conn, self._options.where)
-        if self._options.mode == "initial" and self.runtime.state_dir is None:
-            raise ConfigurationError(
-                "option stateDir is required with startupMode=initial: the snapshot's chunk "
-                "readers report their watermarks to the driver through it",
-                option="stateDir",
-            )
-        return super().streamReader(schema)
 
     def __repr__(self) -> str:
         return f"PostgresCdcDataSource({self._options!r})"

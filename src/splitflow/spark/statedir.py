@@ -393,6 +393,22 @@ def _secret_parts(value: Any) -> list[str]:
     return parts
 
 
+def absolute(url: str) -> str:
+    """``url`` with a relative local path made absolute against this process's working
+    directory. The driver resolves it once: an executor resolving it against its own
+    working directory would write reader events where the driver never looks.
+
+    >>> absolute("s3://bucket/state"), absolute("/var/state")
+    ('s3://bucket/state', '/var/state')
+    >>> absolute("state") == os.path.join(os.getcwd(), "state")
+    True
+    """
+    store = StateStore(url)
+    if not store.local or os.path.isabs(store.root):
+        return url
+    return os.path.abspath(store.root)
+
+
 def open_store(state_dir: str | StateStore) -> StateStore:
     """``state_dir`` as a :class:`StateStore` (a plain string: no storage options)."""
     return state_dir if isinstance(state_dir, StateStore) else StateStore(state_dir)

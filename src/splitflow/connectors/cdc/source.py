@@ -236,22 +236,20 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         if isinstance(event, ChunkReadEvent):
             if not self._log_made:  # later chunks (new tables) have no place in the log
                 self._marks[event.mark.split_id] = event.mark
-            return
-        super().handle_source_event(reader_id, event)
+        else:
+            super().handle_source_event(reader_id, event)
         self._maybe_start_log()
 
     def _maybe_start_log(self) -> None:
+        """The log split, once every chunk finished and its watermark arrived (a chunk is
+        finished when the batch that reads it is planned; its reader reports the watermark
+        after the batch, through ``stateDir``)."""
         if self._log_made or self._mode == "snapshotOnly" or self._log_start is None:
             return
         if not self.discovered or not self._chunk_ids <= self.finished_splits():
             return
-        unmarked = sorted(self._chunk_ids - self._marks.keys())
-        if unmarked:
-            raise ConnectorError(
-                f"chunk(s) {', '.join(unmarked[:5])} were read but their watermarks never "
-                "reached the enumerator: run the query with option stateDir (the readers "
-                "report watermarks through it)"
-            )
+        if not self._chunk_ids <= self._marks.keys():
+            return
         marks = tuple(mark_tuple(self._marks[sid]) for sid in sorted(self._chunk_ids))
         self._log_made = True
         self._marks.clear()
