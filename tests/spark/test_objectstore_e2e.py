@@ -4,10 +4,13 @@ all on the store, and the store's objects cleaned up as batches commit."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 import pytest
 from tests.spark.sources import read_task_log
@@ -217,6 +220,20 @@ def _raise(error: Any) -> bool:
 # -- bad credentials under Spark ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """A fresh bucket or container on a store that checks credentials, the ``url`` of a
+    ``stateDir`` in it, and three sets of storage options for it: ``good`` (may write),
+    ``wrong`` (refused), ``read_only`` (may list and read, not write); ``secrets``: the
+    values of all three that no message may show."""
+
+    url: str
+    good: dict[str, str]
+    wrong: dict[str, str]
+    read_only: dict[str, str]
+    secrets: tuple[str, ...]
+
+
 @pytest.fixture(scope="module")
 def s3_auth(tmp_path_factory: Any) -> Iterator[Any]:
     """moto's S3 server checking credentials and IAM policies (``MotoS3.start(auth=True)``)."""
@@ -231,34 +248,74 @@ def s3_auth(tmp_path_factory: Any) -> Iterator[Any]:
         server.stop()
 
 
-def test_refused_and_read_only_s3_credentials_fail_naming_state_dir_and_lose_nothing(
-    tmp_path: Path, spark: Any, s3_auth: Any
-) -> None:
-    """On S3 that checks credentials: a wrong secret fails ``load()``; a read-only
-    credential, given to a query that has committed batches, fails its first batch (the owner
-    token's write) before it commits one; both name option stateDir and show no secret, and
-    the query then resumes with the right credential exactly once."""
-    from tests.support.objectstores import S3_READ_ONLY
+@pytest.fixture(params=["s3", "azure"])
+def credentials(request: Any) -> Credentials:
+    """S3: moto with IAM enforced (``s3_auth``), a wrong secret, a user allowed
+    ``S3_READ_ONLY``. Azure: Azurite (it always checks the account key and SAS tokens), a
+    well-formed key that is not the account's, a container SAS that may read and list.
+    The SAS goes in a connection string: from ``account_name`` and ``sas_token`` adlfs
+    makes an ``https://`` URL, which Azurite (plain HTTP) never answers, and the Azure SDK
+    retries the failed TLS handshake for about 90 s."""
+    if request.param == "s3":
+        from tests.support.objectstores import S3_READ_ONLY
 
-    bucket = s3_auth.create_bucket()
-    ro_key, ro_secret = s3_auth.create_user(f"ro-{bucket}", S3_READ_ONLY)
+        s3 = request.getfixturevalue("s3_auth")
+        bucket = s3.create_bucket()
+        key, secret = s3.create_user(f"ro-{bucket}", S3_READ_ONLY)
+        wrong = "wrong-" + s3.secret
+        return Credentials(
+            s3.url(bucket, "q"),
+            s3.storage_options(),
+            s3.storage_options(s3.key, wrong),
+            s3.storage_options(key, secret),
+            (s3.secret, wrong, secret),
+        )
+    from tests.support.objectstores import AZURE_KEY
+
+    azurite = request.getfixturevalue("azurite")
+    container = azurite.create_container()
+    wrong = base64.b64encode(b"not the key of devstoreaccount1, but well formed").decode()
+    sas = azurite.read_only_sas(container)
+    (signature,) = parse_qs(sas)["sig"]
+    return Credentials(
+        azurite.url(container, "q"),
+        azurite.storage_options(),
+        azurite.storage_options(wrong),
+        {
+            "connection_string": (
+                f"BlobEndpoint={azurite.blob_endpoint};SharedAccessSignature={sas}"
+            )
+        },
+        (AZURE_KEY, wrong, signature, quote(signature, safe="")),
+    )
+
+
+def test_refused_and_read_only_credentials_fail_naming_state_dir_and_lose_nothing(
+    tmp_path: Path, spark: Any, credentials: Credentials
+) -> None:
+    """On a store that checks credentials (S3 with IAM, Azure): a wrong secret or key fails
+    ``load()``; a read-only credential (an S3 user allowed reads, an Azure SAS that may read
+    and list), given to a query that has committed batches, fails its first batch (its
+    first write to the store) before it commits one; both name option stateDir and show
+    no secret, and the query then resumes with the right credential exactly once."""
     catalog = SequenceCatalog({"a": 30, "b": 20}, path=str(tmp_path / "catalog.json"))
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    url = s3_auth.url(bucket, "q")
+    scheme = credentials.url.split("://", 1)[0]
 
-    def run(key: str | None = None, secret: str | None = None) -> Any:
-        options = s3_auth.storage_options(key, secret)
-        state = {f"stateDir.{k}": v for k, v in options.items()}
+    def run(options: dict[str, str]) -> Any:
+        state: dict[str, Any] = {f"stateDir.{k}": v for k, v in options.items()}
         return start_stream(
             spark, catalog, out, checkpoint, parallelism=2, maxRecordsPerBatch=15,
-            stateDir=url, **state,
+            stateDir=credentials.url, **state,
         )  # fmt: skip
 
-    wrong = "wrong-" + s3_auth.secret
+    def shows_no_secret(error: BaseException) -> None:
+        for secret in credentials.secrets:
+            assert secret not in str(error)
+
     with pytest.raises(Exception, match="option stateDir: cannot reach") as caught:
-        run(s3_auth.key, wrong)
-    assert wrong not in str(caught.value)
-    assert s3_auth.secret not in str(caught.value)
+        run(credentials.wrong)
+    shows_no_secret(caught.value)
 
     def rows() -> list[tuple[str, int]]:  # [] until a batch with rows committed
         from pyspark.errors import AnalysisException
@@ -268,20 +325,19 @@ def test_refused_and_read_only_s3_credentials_fail_naming_state_dir_and_lose_not
         except AnalysisException:
             return []
 
-    query = run()
+    query = run(credentials.good)
     wait_until("every record in the sink", lambda: len(rows()) == 50, 120)
     query.stop()
     committed = sink_rows(spark, out)
     catalog.append("a", 10)
 
-    query = run(ro_key, ro_secret)
-    with pytest.raises(Exception, match="option stateDir: cannot write s3://") as caught:
+    query = run(credentials.read_only)
+    with pytest.raises(Exception, match=f"option stateDir: cannot write {scheme}://") as caught:
         query.awaitTermination(120)
-    assert ro_secret not in str(caught.value)
-    assert s3_auth.secret not in str(caught.value)
+    shows_no_secret(caught.value)
     assert sink_rows(spark, out) == committed
 
-    query = run()
+    query = run(credentials.good)
     wait_until("every record in the sink", lambda: len(rows()) == len(catalog.records()), 120)
     query.stop()
     assert_exactly_once(sink_rows(spark, out), catalog.records())
@@ -293,15 +349,16 @@ def test_a_store_unreachable_mid_run_fails_naming_state_dir_and_resumes_exactly_
     """The S3 endpoint goes away between batches (``Outage``: connections refused): the
     next batch fails naming option stateDir, showing no secret, before it commits; once the
     store is back the query resumes from its last committed batch, every record once.
-    (S3 only: Azure's client retries an unreachable endpoint for about 90 s, and adlfs
-    passes no retry or timeout option to it from ``stateDir.*``.)"""
+    (S3 only: the Azure SDK retries an unreachable endpoint for about 90 s, and adlfs
+    passes it no retry setting from ``stateDir.*``, only per-request timeouts; see
+    docs/deployment.md.)"""
     from tests.support.objectstores import Outage, StoreUnderTest
 
     store = StoreUnderTest("s3", s3_server)
     outage = Outage(s3_server.port)
     catalog = SequenceCatalog({"a": 30, "b": 20}, path=str(tmp_path / "catalog.json"))
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    options = {
+    options: dict[str, Any] = {
         **store.spark_options(),
         "stateDir.endpoint_url": outage.endpoint,
         "stateDir.config_kwargs": '{"retries": {"max_attempts": 1}, "connect_timeout": 2}',
