@@ -92,14 +92,9 @@ from typing import TypeVar
 
 from splitflow.api.assigner import AssignerState
 from splitflow.spark.events import encode_events
-from splitflow.spark.planner import (
-    BatchOffset,
-    MaxRecords,
-    Planner,
-    ReadAll,
-    collect_garbage_less_often,
-    plan_partitions,
-)
+from splitflow.spark.limits import MaxRecords, ReadAll
+from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.planner import Planner, collect_garbage_less_often
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
 T = TypeVar("T")

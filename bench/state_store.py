@@ -71,7 +71,9 @@ from tests.support.objectstores import Azurite, MotoS3, azurite_installed, moto_
 
 from splitflow.api.assigner import AssignerState
 from splitflow.spark.events import EventStore
-from splitflow.spark.planner import Planner, ReadAll, collect_garbage_less_often, plan_partitions
+from splitflow.spark.limits import ReadAll
+from splitflow.spark.offset import plan_partitions
+from splitflow.spark.planner import Planner, collect_garbage_less_often
 from splitflow.spark.statedir import StateStore
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 

@@ -11,7 +11,8 @@ import pytest
 
 from splitflow.errors import ConfigurationError
 from splitflow.inspect import format_table, read_checkpoint
-from splitflow.spark.planner import MaxRecords, Planner
+from splitflow.spark.limits import MaxRecords
+from splitflow.spark.planner import Planner
 from splitflow.testing import SequenceCatalog, SequenceSource
 
 

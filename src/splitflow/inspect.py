@@ -2,7 +2,7 @@
 
 Spark writes one file per micro-batch under ``<checkpoint>/offsets/<batch>``: a version line,
 a metadata line, then one line per source with that source's offset. A splitflow offset is
-a full checkpoint of the source (see :mod:`splitflow.spark.planner`), so this shows, for a
+a full checkpoint of the source (see :mod:`splitflow.spark.offset`), so this shows, for a
 batch: which slot owns each split, the slice the batch reads (``start`` to ``stop``),
 what the enumerator holds itself, and what has finished; with an event-time column, each
 held split's watermark (the latest event time read from it). A query with option ``stateDir``

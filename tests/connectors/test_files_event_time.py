@@ -386,7 +386,8 @@ def plan(
     """Plan ``batches`` batches over the Parquet files in ``tmp_path``, aligned by ``ts``
     with ``drift`` seconds; each batch's slices, file name -> (start, stop)."""
     from splitflow.spark.eventtime import EventTimeSettings
-    from splitflow.spark.planner import BatchOffset, Planner
+    from splitflow.spark.offset import BatchOffset
+    from splitflow.spark.planner import Planner
 
     source = parquet_source(tmp_path, discovery_interval=0.5)
     settings = EventTimeSettings("ts", max_drift=round(drift * SECOND), indexed=True)
@@ -411,7 +412,7 @@ def plan(
 
 
 def test_the_planner_reads_the_early_file_and_holds_the_late_one(tmp_path: Path) -> None:
-    from splitflow.spark.planner import MaxRecords, share_records
+    from splitflow.spark.limits import MaxRecords, share_records
 
     early = write_groups(tmp_path / "early.parquet", [[0, 5], [10, 15], [20, 25], [30, 35]])
     late = write_groups(tmp_path / "late.parquet", [[100 + i / 100 for i in range(5_000)]])
@@ -428,7 +429,7 @@ def test_the_planner_reads_the_early_file_and_holds_the_late_one(tmp_path: Path)
 def test_files_read_whole_in_one_batch_are_not_held(tmp_path: Path) -> None:
     """Nothing of a file read to its end in the batch is left to be late: without a read
     limit both files are read whole, whatever their times."""
-    from splitflow.spark.planner import ReadAll
+    from splitflow.spark.limits import ReadAll
 
     early = write_groups(tmp_path / "early.parquet", [[0, 5], [10, 15], [20, 25], [30, 35]])
     late = write_groups(tmp_path / "late.parquet", [[100, 110]])

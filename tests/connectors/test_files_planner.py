@@ -20,7 +20,9 @@ import pytest
 from splitflow.connectors.files import FilesSource
 from splitflow.errors import DataLossError, SourceFailedError
 from splitflow.reader import Collector, RecordingReaderContext
-from splitflow.spark.planner import BatchOffset, Planner, ReadAll, plan_partitions
+from splitflow.spark.limits import ReadAll
+from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.planner import Planner
 
 SCHEMA = pa.schema([("file", pa.string()), ("n", pa.int64())])
 
@@ -260,7 +262,7 @@ def test_a_byte_budget_cuts_batches_by_file_bytes_and_reads_every_row_once(
 ) -> None:
     """``maxBytesPerBatch``: positions are bytes, so a batch reads about that many bytes
     (whole lines: one that crosses the budget is read by the slice it starts in)."""
-    from splitflow.spark.planner import MaxBytes
+    from splitflow.spark.limits import MaxBytes
 
     sizes = [write(tmp_path, f"{name}.json", 200).stat().st_size for name in "ab"]
     files = source(tmp_path)

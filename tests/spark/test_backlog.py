@@ -17,7 +17,9 @@ from typing import Any
 from tests.spark.backlog_source import BacklogLoggingSource
 from tests.spark.test_planner import DISCOVERY, FakeClock, Query, assert_exactly_once
 
-from splitflow.spark.planner import BacklogAware, BatchOffset, MaxRecords, Planner, ReadAll
+from splitflow.spark.limits import BacklogAware, MaxRecords, ReadAll
+from splitflow.spark.offset import BatchOffset
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 SIZED = BacklogAware(backlog=MaxRecords(50), live=MaxRecords(5))

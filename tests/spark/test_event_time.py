@@ -29,7 +29,9 @@ from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import _partitions, read_partition
 from splitflow.spark.eventtime import EventTimeSettings
 from splitflow.spark.generator import GeneratorDataSource
-from splitflow.spark.planner import BacklogAware, BatchOffset, MaxRecords, Planner, ReadLimit
+from splitflow.spark.limits import BacklogAware, MaxRecords, ReadLimit
+from splitflow.spark.offset import BatchOffset
+from splitflow.spark.planner import Planner
 
 SECOND = 1_000_000
 WINDOW = 60 * SECOND

@@ -16,7 +16,9 @@ from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent
 from splitflow.errors import ConfigurationError
 from splitflow.spark.events import EventStore
-from splitflow.spark.planner import BatchOffset, MaxRecords, Planner, ReadAll
+from splitflow.spark.limits import MaxRecords, ReadAll
+from splitflow.spark.offset import BatchOffset
+from splitflow.spark.planner import Planner
 from splitflow.testing import SequenceCatalog, SequenceSource, SequenceSplit
 from splitflow.testing.sequence import SequenceEnumerator
 

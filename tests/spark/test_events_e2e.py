@@ -58,7 +58,9 @@ from tests.spark.support import (
 
 from splitflow.api.events import SourceEvent
 from splitflow.spark import register
-from splitflow.spark.planner import BatchOffset, MaxRecords, Planner, plan_partitions
+from splitflow.spark.limits import MaxRecords
+from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceEnumerator, SequenceSource
 
 EVENTS = "splitflow-sequence-events"

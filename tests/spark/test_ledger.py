@@ -24,7 +24,9 @@ from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.inspect import read_checkpoint
 from splitflow.spark.events import EventStore
 from splitflow.spark.ledger import COMPACT_EVERY, RETAIN_BATCHES, LedgerRef, LedgerStore
-from splitflow.spark.planner import BatchOffset, Planner, ReadAll
+from splitflow.spark.limits import ReadAll
+from splitflow.spark.offset import BatchOffset
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=60)

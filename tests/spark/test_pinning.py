@@ -18,8 +18,9 @@ from splitflow.api.events import SourceEvent
 from splitflow.api.source import ReadPinner, SupportsPinnedReads
 from splitflow.spark.datasource import _partitions
 from splitflow.spark.events import decode_events
+from splitflow.spark.limits import MaxRecords, ReadAll
 from splitflow.spark.options import RuntimeOptions
-from splitflow.spark.planner import MaxRecords, Planner, ReadAll
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
 

@@ -23,20 +23,17 @@ from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
-from splitflow.spark.planner import (
-    OFFSET_FORMAT,
-    BatchOffset,
+from splitflow.spark.limits import (
     MaxBytes,
     MaxRecords,
     MinRecords,
-    Planner,
     ReadAll,
     ReadLimit,
-    Slice,
-    plan_partitions,
     share_bytes,
     share_records,
 )
+from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, Slice, plan_partitions
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
 Record = tuple[str, int]

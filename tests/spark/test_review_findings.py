@@ -19,7 +19,8 @@ from splitflow.api.enumerator import SplitExtent
 from splitflow.cli import main
 from splitflow.connectors.files import FilesSource
 from splitflow.spark.ledger import COMPACT_EVERY
-from splitflow.spark.planner import Planner, ReadAll, share_bytes
+from splitflow.spark.limits import ReadAll, share_bytes
+from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
 

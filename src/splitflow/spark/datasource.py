@@ -49,15 +49,10 @@ from splitflow.errors import ConfigurationError, ConnectorError
 from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
+from splitflow.spark.limits import ReadAll, ReadLimit
+from splitflow.spark.offset import BatchOffset, plan_partitions
 from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
-from splitflow.spark.planner import (
-    BatchOffset,
-    Planner,
-    ReadAll,
-    ReadLimit,
-    collect_garbage_less_often,
-    plan_partitions,
-)
+from splitflow.spark.planner import Planner, collect_garbage_less_often
 
 log = logging.getLogger("splitflow.spark")
 

@@ -63,7 +63,7 @@ from typing import Any
 from splitflow.api.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
 from splitflow.spark.ledger import RETAIN_BATCHES
-from splitflow.spark.planner import (
+from splitflow.spark.limits import (
     BacklogAware,
     MaxBytes,
     MaxRecords,

@@ -13,6 +13,9 @@ splits and each split's slice. ``partitions(start, end)`` reads only ``end``, wh
 replay after a crash read exactly the same records, and a restart (with the same or another
 parallelism) restores the coordinator from the start offset through the global-restore
 path: slots report their splits and the enumerator redistributes them.
+
+The offset's format and the batch's tasks are :mod:`splitflow.spark.offset`; the read
+limits and how a budget is shared over splits, :mod:`splitflow.spark.limits`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from __future__ import annotations
 import gc
 import heapq
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
@@ -47,271 +49,26 @@ from splitflow.coordinator.coordinator import (
 )
 from splitflow.coordinator.scheduler import ManualScheduler
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
-from splitflow.spark.events import EventStore, decode_events, encode_events
+from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
-from splitflow.spark.ledger import RETAIN_BATCHES, LedgerRef, LedgerStore
+from splitflow.spark.ledger import RETAIN_BATCHES, LedgerStore
+from splitflow.spark.limits import (
+    BacklogAware,
+    MaxBytes,
+    MaxRecords,
+    MinRecords,
+    ReadAll,
+    ReadLimit,
+    share_bytes,
+    share_records,
+)
+from splitflow.spark.offset import BatchOffset, Slice, SplitCache
 from splitflow.spark.statedir import Owner, StateStore
 
 log = logging.getLogger("splitflow.spark")
 
-OFFSET_FORMAT = 1
 LEDGER_WARNING = 10_000
 """Finished splits in offsets beyond which a query without ``stateDir`` gets a warning."""
-
-
-# -- read limits, independent of Spark's classes ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReadAll:
-    """Read everything available (``trigger(once=True)``, batch reads)."""
-
-
-@dataclass(frozen=True)
-class MaxRecords:
-    """Read at most ``records`` in one batch, shared over splits by backlog."""
-
-    records: int
-
-
-@dataclass(frozen=True)
-class MaxBytes:
-    """Read about ``bytes`` in one batch (the source estimates sizes), and at most
-    ``records`` records if given; shared over splits by backlog in bytes."""
-
-    bytes: int
-    records: int | None = None
-    option: str = "maxBytesPerBatch"
-    """The option that set ``bytes`` (errors name it)."""
-
-
-@dataclass(frozen=True)
-class MinRecords:
-    """Wait for ``records`` before a batch, unless ``max_delay`` seconds passed since the last."""
-
-    records: int
-    max_delay: float
-    then: ReadAll | MaxRecords | MaxBytes = ReadAll()
-
-
-@dataclass(frozen=True)
-class BacklogAware:
-    """``backlog`` while the source is processing backlog (throughput), else ``live``
-    (latency); decided when each batch is planned (see :meth:`Planner.latest_offset`)."""
-
-    backlog: ReadAll | MaxRecords | MaxBytes | MinRecords
-    live: ReadAll | MaxRecords | MaxBytes | MinRecords
-
-
-ReadLimit = ReadAll | MaxRecords | MaxBytes | MinRecords | BacklogAware
-SplitCache = dict[int, tuple[Any, list[Any]]]
-"""id(split) -> (split, [split id, encoded split]): what :meth:`BatchOffset.encode` reuses."""
-
-
-def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
-    """Split ``budget`` records over splits in proportion to their backlog, exactly.
-
-    Every split with a backlog gets at least one record while the budget lasts (largest
-    backlog first), so a small split is never starved behind a large one; the rest is shared
-    in proportion to backlog, largest remainders first. Never more than a split's backlog,
-    never more than ``budget`` in total.
-
-    >>> share_records({"big": 900, "small": 10, "none": 0}, 91)
-    {'big': 89, 'small': 2, 'none': 0}
-    """
-    shares = dict.fromkeys(backlogs, 0)
-    waiting = [s for s, b in backlogs.items() if b > 0]
-    total = sum(backlogs[s] for s in waiting)
-    if total <= budget:
-        return {s: max(0, b) for s, b in backlogs.items()}
-    if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
-        for split in heapq.nsmallest(budget, waiting, key=lambda s: (-backlogs[s], s)):
-            shares[split] = 1
-        return shares
-    for split in waiting:
-        shares[split] = 1
-    left = budget - len(waiting)
-    rest = {s: backlogs[s] - shares[s] for s in waiting}
-    rest_total = sum(rest.values())
-    # Integers only: floats lose records past 2**53 (a share above the backlog or budget).
-    quota = {s: divmod(left * r, rest_total) for s, r in rest.items()}
-    for split, (whole, _) in quota.items():
-        shares[split] += whole
-    remainder = budget - sum(shares.values())
-    for split in heapq.nsmallest(remainder, quota, key=lambda s: (-quota[s][1], s)):
-        shares[split] += 1
-    return shares
-
-
-def share_bytes(
-    backlogs: Mapping[str, int],
-    sizes: Mapping[str, float | None],
-    budget: int,
-    option: str = "maxBytesPerBatch",
-) -> dict[str, int]:
-    """Records per split for a budget of ``budget`` bytes; ``sizes``: bytes per record.
-
-    The budget is shared as :func:`share_records` shares records, over each split's backlog
-    in bytes, and each share turned back into whole records. A split whose one record is
-    larger than its share still gets that record (a batch always moves every split with a
-    backlog while the budget lasts), so a batch can pass the budget by less than a record
-    per split. A split with a backlog and no size estimate is a configuration error.
-
-    >>> share_bytes({"rows": 1_000, "blobs": 1_000}, {"rows": 10.0, "blobs": 990.0}, 10_000)
-    {'rows': 10, 'blobs': 9}
-    """
-    unknown = sorted(s for s, b in backlogs.items() if b > 0 and sizes.get(s) is None)
-    if unknown:
-        raise ConfigurationError(
-            f"option {option}: the source gives no size estimate for split "
-            f"{unknown[0]} (it does not support a byte budget)",
-            option=option,
-        )
-    size = {s: max(float(sizes[s] or 0.0), 1e-9) for s in backlogs}
-    in_bytes = {s: math.ceil(b * size[s]) if b > 0 else 0 for s, b in backlogs.items()}
-    shares = share_records(in_bytes, budget)
-
-    def records(split: str) -> int:
-        if shares[split] >= in_bytes[split]:
-            return max(0, backlogs[split])  # its whole backlog fits its share
-        if not shares[split]:
-            return 0
-        return min(backlogs[split], max(1, math.floor(shares[split] / size[split] + 1e-9)))
-
-    return {s: records(s) for s in backlogs}
-
-
-# -- the offset of a batch -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Slice(Generic[SplitT]):
-    """Split ``split`` is read from ``split.position`` up to ``stop`` (exclusive); ``ends``:
-    ``stop`` is the split's final position, so the split is finished after the batch."""
-
-    split: SplitT
-    stop: int
-    ends: bool = False
-
-    @property
-    def records(self) -> int:
-        return max(0, self.stop - self.split.position)
-
-
-@dataclass(frozen=True)
-class BatchOffset(Generic[SplitT, EnumStateT]):
-    """Spark's offset of one micro-batch: a full checkpoint of the source after it."""
-
-    seq: int
-    enumerator: EnumStateT
-    slots: tuple[tuple[Slice[SplitT], ...], ...]
-    backlog: bool = False
-    """Whether the source was processing backlog when the batch was planned."""
-    events_through: int = 0
-    """Reader events of batches up to this one are applied to ``enumerator``."""
-    to_readers: Mapping[int, tuple[SourceEvent, ...]] = field(default_factory=dict)
-    """Events from the enumerator for each slot's tasks of this batch."""
-    ledger: LedgerRef | None = None
-    """Where ``enumerator``'s ledger is, when it is kept in the state directory (then
-    ``enumerator`` holds the rest of the state; see :mod:`splitflow.spark.ledger`)."""
-    event_times: Mapping[str, int] = field(default_factory=dict)
-    """Each held split's watermark: the latest event time read from it (microseconds), as
-    reported by the batches up to ``events_through``."""
-    owner: str | None = None
-    """The token of the query's state directory (:class:`~splitflow.spark.statedir.Owner`),
-    with ``stateDir``."""
-
-    def has_tasks(self, slot: int) -> bool:
-        return any(s.records > 0 for s in self.slots[slot])
-
-    @property
-    def parallelism(self) -> int:
-        return len(self.slots)
-
-    def reader_states(self) -> dict[int, list[SplitT]]:
-        """Each slot's splits at the position reading resumes after this batch (the splits
-        the batch ends are finished then)."""
-        return {
-            slot: [with_position(s.split, s.stop) for s in slices if not s.ends]
-            for slot, slices in enumerate(self.slots)
-        }
-
-    def encode(
-        self, source: Source[Any, SplitT, EnumStateT], cache: SplitCache | None = None
-    ) -> JsonDict:
-        """The offset as JSON primitives.
-
-        ``cache`` (the encoder's own, kept from one offset to the next) saves encoding a
-        split object that an earlier offset encoded already: splits are immutable, and a
-        batch moves few of them. It ends holding this offset's splits only.
-        """
-        splits = source.split_codec
-        enum_codec = source.enumerator_state_codec
-        seen: SplitCache = {}
-
-        def encoded(split: SplitT) -> list[Any]:
-            hit = None if cache is None else cache.get(id(split))
-            if hit is None or hit[0] is not split:
-                hit = (split, [split.split_id, splits.encode(split)])
-            seen[id(split)] = hit
-            return hit[1]
-
-        slots = [
-            [[*encoded(s.split), s.stop, *([1] if s.ends else [])] for s in slot]
-            for slot in self.slots
-        ]
-        if cache is not None:
-            cache.clear()
-            cache.update(seen)
-        return {
-            "splitflow": OFFSET_FORMAT,
-            "seq": self.seq,
-            "codecs": [enum_codec.version, splits.version],
-            "enumerator": enum_codec.encode(self.enumerator),
-            "slots": slots,
-            "backlog": self.backlog,
-            "events_through": self.events_through,
-            "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
-            **({} if self.ledger is None else {"ledger": self.ledger.encode()}),
-            **({"event_times": dict(self.event_times)} if self.event_times else {}),
-            **({} if self.owner is None else {"owner": self.owner}),
-        }
-
-    @classmethod
-    def decode(
-        cls, data: Mapping[str, Any], source: Source[Any, SplitT, EnumStateT]
-    ) -> BatchOffset[SplitT, EnumStateT]:
-        if data.get("splitflow") != OFFSET_FORMAT:
-            raise IncompatibleCheckpointError(
-                "splitflow offset in the Spark checkpoint",
-                found=data.get("splitflow"),
-                expected=OFFSET_FORMAT,
-            )
-        enum_version, split_version = data["codecs"]
-        codec = source.split_codec
-        seq = int(data["seq"])
-        return cls(
-            seq=seq,
-            enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
-            slots=tuple(
-                tuple(
-                    Slice(codec.decode(s, split_version), int(stop), bool(ends))
-                    for _, s, stop, *ends in slot
-                )
-                for slot in data["slots"]
-            ),
-            backlog=bool(data.get("backlog", False)),
-            events_through=int(data.get("events_through", 0)),
-            to_readers={
-                int(r): tuple(
-                    decode_events(e, f"events to reader {r} in the splitflow offset of batch {seq}")
-                )
-                for r, e in data.get("to_readers", {}).items()
-            },
-            ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
-            event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
-            owner=data.get("owner"),
-        )
 
 
 # -- the planner -------------------------------------------------------------------------------
@@ -1216,33 +973,3 @@ def collect_garbage_less_often() -> None:
     """
     gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(gen0, 50_000), max(gen1, 20), max(gen2, 10))
-
-
-def plan_partitions(
-    end: BatchOffset[SplitT, EnumStateT], max_records_per_task: int | None
-) -> list[tuple[int, list[Slice[SplitT]]]]:
-    """The tasks of a batch: each slot's non-empty slices, cut to at most that many records.
-
-    Pure: the same offset always gives the same tasks (a replay reads the same records).
-    """
-    cap = max_records_per_task
-    tasks: list[tuple[int, list[Slice[SplitT]]]] = []
-    for slot_id, slices in enumerate(end.slots):
-        current: list[Slice[SplitT]] = []
-        size = 0
-        for piece in slices:
-            start = piece.split.position
-            while start < piece.stop:
-                take = piece.stop - start if cap is None else min(piece.stop - start, cap - size)
-                split = piece.split
-                if start != split.position:  # only a slice cut by max_records_per_task moves
-                    split = with_position(split, start)
-                current.append(Slice(split, start + take))
-                size += take
-                start += take
-                if cap is not None and size >= cap:
-                    tasks.append((slot_id, current))
-                    current, size = [], 0
-        if current:
-            tasks.append((slot_id, current))
-    return tasks

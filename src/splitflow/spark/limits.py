@@ -1,0 +1,128 @@
+"""Read limits of a micro-batch, independent of Spark's classes, and how a budget of
+records or bytes is shared over splits by their backlog."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from splitflow.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class ReadAll:
+    """Read everything available (``trigger(once=True)``, batch reads)."""
+
+
+@dataclass(frozen=True)
+class MaxRecords:
+    """Read at most ``records`` in one batch, shared over splits by backlog."""
+
+    records: int
+
+
+@dataclass(frozen=True)
+class MaxBytes:
+    """Read about ``bytes`` in one batch (the source estimates sizes), and at most
+    ``records`` records if given; shared over splits by backlog in bytes."""
+
+    bytes: int
+    records: int | None = None
+    option: str = "maxBytesPerBatch"
+    """The option that set ``bytes`` (errors name it)."""
+
+
+@dataclass(frozen=True)
+class MinRecords:
+    """Wait for ``records`` before a batch, unless ``max_delay`` seconds passed since the last."""
+
+    records: int
+    max_delay: float
+    then: ReadAll | MaxRecords | MaxBytes = ReadAll()
+
+
+@dataclass(frozen=True)
+class BacklogAware:
+    """``backlog`` while the source is processing backlog (throughput), else ``live``
+    (latency); decided when each batch is planned (see :meth:`Planner.latest_offset`)."""
+
+    backlog: ReadAll | MaxRecords | MaxBytes | MinRecords
+    live: ReadAll | MaxRecords | MaxBytes | MinRecords
+
+
+ReadLimit = ReadAll | MaxRecords | MaxBytes | MinRecords | BacklogAware
+
+
+def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` records over splits in proportion to their backlog, exactly.
+
+    Every split with a backlog gets at least one record while the budget lasts (largest
+    backlog first), so a small split is never starved behind a large one; the rest is shared
+    in proportion to backlog, largest remainders first. Never more than a split's backlog,
+    never more than ``budget`` in total.
+
+    >>> share_records({"big": 900, "small": 10, "none": 0}, 91)
+    {'big': 89, 'small': 2, 'none': 0}
+    """
+    shares = dict.fromkeys(backlogs, 0)
+    waiting = [s for s, b in backlogs.items() if b > 0]
+    total = sum(backlogs[s] for s in waiting)
+    if total <= budget:
+        return {s: max(0, b) for s, b in backlogs.items()}
+    if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
+        for split in heapq.nsmallest(budget, waiting, key=lambda s: (-backlogs[s], s)):
+            shares[split] = 1
+        return shares
+    for split in waiting:
+        shares[split] = 1
+    left = budget - len(waiting)
+    rest = {s: backlogs[s] - shares[s] for s in waiting}
+    rest_total = sum(rest.values())
+    # Integers only: floats lose records past 2**53 (a share above the backlog or budget).
+    quota = {s: divmod(left * r, rest_total) for s, r in rest.items()}
+    for split, (whole, _) in quota.items():
+        shares[split] += whole
+    remainder = budget - sum(shares.values())
+    for split in heapq.nsmallest(remainder, quota, key=lambda s: (-quota[s][1], s)):
+        shares[split] += 1
+    return shares
+
+
+def share_bytes(
+    backlogs: Mapping[str, int],
+    sizes: Mapping[str, float | None],
+    budget: int,
+    option: str = "maxBytesPerBatch",
+) -> dict[str, int]:
+    """Records per split for a budget of ``budget`` bytes; ``sizes``: bytes per record.
+
+    The budget is shared as :func:`share_records` shares records, over each split's backlog
+    in bytes, and each share turned back into whole records. A split whose one record is
+    larger than its share still gets that record (a batch always moves every split with a
+    backlog while the budget lasts), so a batch can pass the budget by less than a record
+    per split. A split with a backlog and no size estimate is a configuration error.
+
+    >>> share_bytes({"rows": 1_000, "blobs": 1_000}, {"rows": 10.0, "blobs": 990.0}, 10_000)
+    {'rows': 10, 'blobs': 9}
+    """
+    unknown = sorted(s for s, b in backlogs.items() if b > 0 and sizes.get(s) is None)
+    if unknown:
+        raise ConfigurationError(
+            f"option {option}: the source gives no size estimate for split "
+            f"{unknown[0]} (it does not support a byte budget)",
+            option=option,
+        )
+    size = {s: max(float(sizes[s] or 0.0), 1e-9) for s in backlogs}
+    in_bytes = {s: math.ceil(b * size[s]) if b > 0 else 0 for s, b in backlogs.items()}
+    shares = share_records(in_bytes, budget)
+
+    def records(split: str) -> int:
+        if shares[split] >= in_bytes[split]:
+            return max(0, backlogs[split])  # its whole backlog fits its share
+        if not shares[split]:
+            return 0
+        return min(backlogs[split], max(1, math.floor(shares[split] / size[split] + 1e-9)))
+
+    return {s: records(s) for s in backlogs}
