@@ -123,7 +123,7 @@ def log_slices(checkpoint: Path) -> dict[int, tuple[int, int]]:
     for batch in log_ids(checkpoint, "offsets"):
         offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
         for slot in offset["slots"]:
-            for _, split, stop in slot:
+            for _, split, stop, *_ in slot:
                 if split["kind"] == "log":
                     slices[batch] = (int(split["position"]), int(stop))
     return slices
@@ -134,7 +134,7 @@ def chunk_batch(checkpoint: Path, table: str) -> int | None:
     for batch in log_ids(checkpoint, "offsets"):
         offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
         for slot in offset["slots"]:
-            for _, split, stop in slot:
+            for _, split, stop, *_ in slot:
                 if split.get("table") == f"public.{table}" and stop > split["position"]:
                     return batch
     return None

@@ -14,7 +14,7 @@ import pytest
 from splitflow.api.assigner import AssignerState
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext
 from splitflow.api.events import SourceEvent
-from splitflow.errors import ConfigurationError
+from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords, ReadAll
 from splitflow.spark.offset import BatchOffset
@@ -215,6 +215,29 @@ def test_tasks_that_left_no_events_are_named_in_a_warning(tmp_path: Path, caplog
         EventStore(str(tmp_path)).write(2, index, slot=slot, events=[])
     planner.latest_offset(end2, MaxRecords(10))
     assert not [r for r in caplog.records if "left no reader events" in r.getMessage()]
+
+
+class NeedyPingSource(PingSource):
+    @property
+    def needs_reader_events(self) -> bool:
+        return True
+
+
+def test_a_source_that_needs_reader_events_fails_when_tasks_left_none(tmp_path: Path) -> None:
+    """A CDC snapshot whose chunk watermarks were lost would never start its log: for a
+    source that needs its readers' events, missing ones fail the query, naming stateDir."""
+    source = NeedyPingSource(SequenceCatalog({"a": 100, "b": 100}))
+    planner: Planner[Any, Any] = Planner(source, 2, clock=lambda: 0.0, state_dir=str(tmp_path))
+    start = roundtrip(planner.initial_offset())
+    end1 = roundtrip(planner.latest_offset(start, MaxRecords(10)))
+    for index, slot in enumerate((0, 1)):
+        EventStore(str(tmp_path)).write(1, index, slot=slot, events=[])
+    end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))  # every task wrote: fine
+    EventStore(str(tmp_path)).write(2, 0, slot=0, events=[])
+    with pytest.raises(
+        CheckpointStateError, match=r"batch 2 completed, but the tasks of slot\(s\) 1"
+    ):
+        planner.latest_offset(end2, MaxRecords(10))
 
 
 def test_an_event_in_an_offset_that_no_longer_loads_fails_naming_its_batch(

@@ -380,53 +380,64 @@ def available_now_batches(query: Any) -> list[int]:
 def test_available_now_runs_the_batches_spark_runs_with_none_empty_and_cleans_every_file(
     tmp_path: Path, spark: Any, files: int, per_batch: int | None
 ) -> None:
-    """Side by side with Spark's own file source on the same files and maxFilesPerTrigger:
-    the same batches, none of them empty (a split's finish is recorded by the batch that
-    reads its end, not by a batch of its own), and cleanSource=archive leaves the same files
-    as Spark's: Spark commits a batch to its source when it plans the next one, so the last
-    batch's files are archived by the next run, for both."""
+    """Side by side with Spark's own file source on the same files and maxFilesPerTrigger,
+    two availableNow runs (the second after one more file landed): the same batches, none of
+    them empty (a split's finish is recorded by the batch that reads its end, not by a batch
+    of its own), and cleanSource=archive leaves the same files as Spark's. Spark commits a
+    batch to its source when it plans the next one, so a run's last batch's files are
+    archived by the next run, for both (splitflow keeps them in its offset until then)."""
     names = [f"f{i:02d}.json" for i in range(files)]
-    for directory in (tmp_path / "spark_src", tmp_path / "src"):
-        directory.mkdir()
-        for name in names:
-            write_json(directory, name, rows_of(name))
     limit = {} if per_batch is None else {"maxFilesPerTrigger": str(per_batch)}
-    spark_query = (
-        spark.readStream.schema(SCHEMA_DDL)
-        .options(**limit, cleanSource="archive", sourceArchiveDir=str(tmp_path / "spark_arc"))
-        .json(str(tmp_path / "spark_src"))
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "spark_out"))
-        .option("checkpointLocation", str(tmp_path / "spark_chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    sparks = available_now_batches(spark_query)
-    reader = spark.readStream.format("splitflow-files").schema(SCHEMA_DDL)
-    query = (
-        reader.options(
-            path=str(tmp_path / "src"),
-            format="json",
-            cleanSource="archive",
-            sourceArchiveDir=str(tmp_path / "archive"),
-            stateDir=str(tmp_path / "state"),
-            **limit,
+
+    def land(new: list[str]) -> None:
+        for directory in (tmp_path / "spark_src", tmp_path / "src"):
+            directory.mkdir(exist_ok=True)
+            for name in new:
+                write_json(directory, name, rows_of(name))
+
+    def run_spark() -> list[int]:
+        reader = spark.readStream.schema(SCHEMA_DDL).options(
+            **limit, cleanSource="archive", sourceArchiveDir=str(tmp_path / "spark_arc")
         )
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    ours = available_now_batches(query)
-    assert len(ours) == len(sparks), f"batches: ours {ours}, Spark's {sparks}"
-    assert 0 not in ours, f"an empty batch: {ours}"
+        return available_now_batches(
+            reader.json(str(tmp_path / "spark_src"))
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "spark_out"))
+            .option("checkpointLocation", str(tmp_path / "spark_chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    def run_ours() -> list[int]:
+        reader = spark.readStream.format("splitflow-files").schema(SCHEMA_DDL)
+        return available_now_batches(
+            reader.options(
+                path=str(tmp_path / "src"),
+                format="json",
+                cleanSource="archive",
+                sourceArchiveDir=str(tmp_path / "archive"),
+                stateDir=str(tmp_path / "state"),
+                **limit,
+            )
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    for new in (names, ["g.json"]):
+        land(new)
+        sparks, ours = run_spark(), run_ours()
+        assert len(ours) == len(sparks), f"batches: ours {ours}, Spark's {sparks}"
+        assert 0 not in ours, f"an empty batch: {ours}"
+        left = sorted(p.name for p in (tmp_path / "src").iterdir())
+        assert len(left) == ours[-1] // ROWS_PER_FILE, "every batch but the last archived"
+        assert len(left) == len(list((tmp_path / "spark_src").iterdir())), "as many as Spark's"
+    assert left == ["g.json"], "the first run's last files were archived by the second"
     assert batches_reading_nothing(tmp_path / "chk") == []
-    assert_exactly_once(sink_rows(spark, tmp_path / "out"), expected_rows(names))
-    left = [p.name for p in (tmp_path / "src").iterdir()]
-    assert len(left) == ours[-1] // ROWS_PER_FILE, "every batch but the last archived its files"
-    assert len(left) == len(list((tmp_path / "spark_src").iterdir())), "as many as Spark's"
+    assert_exactly_once(sink_rows(spark, tmp_path / "out"), expected_rows([*names, "g.json"]))
 
 
 @pytest.mark.slow

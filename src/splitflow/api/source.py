@@ -71,6 +71,13 @@ class Source(ABC, Generic[RecordT, SplitT, EnumStateT]):
         return False
 
     @property
+    def needs_reader_events(self) -> bool:
+        """Whether the enumerator cannot go on without the events its readers send (a CDC
+        chunk's watermark, without which the log never starts): the Spark runtime then fails
+        the query when a completed batch's tasks left none, instead of warning. Default: no."""
+        return False
+
+    @property
     def event_time_column(self) -> str | None:
         """The column of the source's records that holds their event time, if it has one
         (Kafka's record timestamp, a change's commit time). The enumerator's

@@ -48,7 +48,11 @@ from splitflow.coordinator.coordinator import (
     SourceCoordinator,
 )
 from splitflow.coordinator.scheduler import ManualScheduler
-from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
+from splitflow.errors import (
+    CheckpointStateError,
+    ConfigurationError,
+    IncompatibleCheckpointError,
+)
 from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import RETAIN_BATCHES, LedgerStore
@@ -404,23 +408,29 @@ class Planner(Generic[SplitT, EnumStateT]):
     ) -> None:
         """Every task of a batch writes its reader events, none or some, once it has read its
         slices to the end; ``slots`` wrote for ``batch``. A slot with tasks and nothing
-        written is a warning naming the two causes: the executors write elsewhere (a local
-        stateDir on a cluster: then every batch warns), or the sink read the batch only in
-        part or not at all (``limit``, a foreachBatch function that skips its DataFrame).
-        Either way the events of those tasks are lost (a CDC snapshot then never switches to
-        its log: it waits for the chunks' watermarks)."""
+        written means the executors write elsewhere (a local stateDir on a cluster) or the
+        sink read the batch only in part or not at all (``limit``, a foreachBatch function
+        that skips its DataFrame): those tasks' events are lost. A CheckpointStateError for a
+        source that :attr:`~splitflow.api.source.Source.needs_reader_events` (a CDC snapshot
+        would never start its log), else a warning."""
         missing = [s for s in range(batch.parallelism) if batch.has_tasks(s) and s not in slots]
-        if missing and self._events is not None:
-            log.warning(
-                "splitflow: batch %d completed, but the tasks of slot(s) %s left no reader "
-                "events in %s (option stateDir): the executors write elsewhere (on a cluster, "
-                "stateDir must be a store every node reaches, not a local path), or the sink "
-                "did not read the whole batch (limit, or a foreachBatch function that skips "
-                "its DataFrame); those tasks' events are lost",
-                batch.seq,
-                ", ".join(map(str, missing)),
-                self._events.store.where(self._events.root),
+        if not missing or self._events is None:
+            return
+        where = self._events.store.where(self._events.root)
+        message = (
+            f"batch {batch.seq} completed, but the tasks of slot(s) "
+            f"{', '.join(map(str, missing))} left no reader events in {where} (option "
+            "stateDir): the executors write elsewhere (on a cluster, stateDir must be a store "
+            "every node reaches, not a local path), or the sink did not read the whole batch "
+            "(limit, or a foreachBatch function that skips its DataFrame)"
+        )
+        if self.source.needs_reader_events:
+            raise CheckpointStateError(
+                f"option stateDir: {message}; the source needs them: make every batch read "
+                "whole, with stateDir where the executors write",
+                path=where,
             )
+        log.warning("splitflow: %s; those tasks' events are lost", message)
 
     # -- event time ---------------------------------------------------------------------------
 

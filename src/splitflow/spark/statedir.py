@@ -127,8 +127,8 @@ class StateStore:
         parts = urlsplit(url)
         self.protocol = parts.scheme.lower() if len(parts.scheme) > 1 else ""
         self.local = self.protocol in ("", "file", "local")
-        if self.local:
-            self.root = url[len("file://") :] if self.protocol == "file" else url
+        if self.local:  # file:///x, file:/x, local:/x: the path; a plain path as it is
+            self.root = parts.netloc + parts.path if self.protocol else url
         else:
             netloc = parts.netloc.rpartition("@")[2]  # no user info in what is shown
             self.root = (netloc + parts.path).rstrip("/")
@@ -398,8 +398,8 @@ def absolute(url: str) -> str:
     directory. The driver resolves it once: an executor resolving it against its own
     working directory would write reader events where the driver never looks.
 
-    >>> absolute("s3://bucket/state"), absolute("/var/state")
-    ('s3://bucket/state', '/var/state')
+    >>> absolute("s3://bucket/state"), absolute("/var/state"), absolute("file:/var/state")
+    ('s3://bucket/state', '/var/state', 'file:/var/state')
     >>> absolute("state") == os.path.join(os.getcwd(), "state")
     True
     """

@@ -395,6 +395,11 @@ class CdcSource(
         return Boundedness.CONTINUOUS_UNBOUNDED
 
     @property
+    def needs_reader_events(self) -> bool:
+        """The chunks' watermarks come as reader events; the log starts only with all."""
+        return True
+
+    @property
     def estimates_size(self) -> bool:
         return True
 

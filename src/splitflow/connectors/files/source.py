@@ -136,6 +136,8 @@ class FilesState(AssignerState[FileSplit]):
     ranges skipped as bad (``badFiles=quarantine``), in the order they were reported.
     ``skipped``: unfinished splits skipped by ``max_file_age`` or data loss, to be finished.
     ``split_bytes``: the cut the split ids were made with (it must not change).
+    ``cleaning``: paths of finished files that ``cleanSource`` has not cleaned yet (a
+    restored enumerator cleans them once its first checkpoint completes).
     """
 
     admitted: frozenset[str] = frozenset()
@@ -143,6 +145,7 @@ class FilesState(AssignerState[FileSplit]):
     quarantine: tuple[QuarantineEntry, ...] = ()
     split_bytes: int = 0
     newest_mtime_ns: int = 0
+    cleaning: tuple[str, ...] = ()
 
 
 class FilesStateCodec(AssignerStateCodec[FileSplit]):
@@ -159,6 +162,7 @@ class FilesStateCodec(AssignerStateCodec[FileSplit]):
             "quarantine": [[q.path, q.position, q.stop, q.reason] for q in state.quarantine],
             "split_bytes": state.split_bytes,
             "newest_mtime_ns": state.newest_mtime_ns,
+            **({"cleaning": list(state.cleaning)} if state.cleaning else {}),
         }
         return data
 
@@ -175,6 +179,7 @@ class FilesStateCodec(AssignerStateCodec[FileSplit]):
             ),
             split_bytes=int(files.get("split_bytes", 0)),
             newest_mtime_ns=int(files.get("newest_mtime_ns", 0)),
+            cleaning=tuple(str(p) for p in files.get("cleaning", ())),
         )
 
 
@@ -212,7 +217,8 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         self._fresh: set[str] = set(files.admitted)
         self._restored_finished = frozenset(files.finished)
         self._finished_now: set[str] = set()
-        self._to_clean: dict[str, int | None] = {}  # path -> checkpoint recording it finished
+        # path -> checkpoint recording it finished; restored ones: recorded by a committed one
+        self._to_clean: dict[str, int | None] = dict.fromkeys(files.cleaning, 0)
         self._parts: dict[str, int] = {}  # path -> parts, for files seen in this run
         self._path_of: dict[str, str] = {}  # split id -> path, for splits seen in this run
         self._directory_gone = False  # the last discovery found no directory (warned)
@@ -432,6 +438,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
             quarantine=tuple(self._quarantine),
             split_bytes=self._source.split_bytes,
             newest_mtime_ns=self._newest,
+            cleaning=tuple(sorted(self._to_clean)),
         )
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -601,11 +608,15 @@ class FilesSource(
         return self.schema
 
     def clean(self, paths: Sequence[str]) -> list[str]:
-        """Delete or archive ``paths``; return a description of each failure (worker thread)."""
+        """Delete or archive ``paths``; return a description of each failure (worker thread).
+        A path already gone is done (a restored enumerator may clean again what the run
+        before it cleaned just before it stopped)."""
         fs, base = self.filesystem()
         problems = []
         for path in paths:
             try:
+                if fs.get_file_info(path).type == pafs.FileType.NotFound:
+                    continue
                 if self.clean_source == "delete":
                     fs.delete_file(path)
                 else:
