@@ -9,7 +9,8 @@ reads everything left with ``trigger(availableNow=True)``.
 
 Faults during a run: ``worker-kill`` (a Python worker SIGKILLed while a batch is in flight;
 Spark retries its task) and the workload's own kinds (files or topics appearing and
-vanishing, the broker or database stopped and started, a full disk).
+vanishing, the broker or database stopped and started, a database's connections killed,
+a full disk).
 
 A fault of the whole schedule: ``evaluate-twice``, a sink that reads every batch twice
 (a ``foreachBatch`` that writes the batch and counts it, in an order drawn from the seed:

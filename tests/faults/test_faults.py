@@ -12,6 +12,7 @@ examples of the records lost or duplicated; replay it with
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,23 +23,36 @@ from tests.faults.harness import Outcome, extra_kinds, run_schedule
 from tests.faults.schedule import draw
 from tests.faults.workloads import GeneratorWorkload, workload
 from tests.spark.cluster import StandaloneCluster, standalone_cluster
+from tests.support.mariadb import mariadb_binaries
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17 on PATH"),
 ]
 
+NEEDS = {
+    "mysql": pytest.mark.skipif(
+        mariadb_binaries() is None or importlib.util.find_spec("pymysqlreplication") is None,
+        reason="needs mariadb-server (mariadbd) and the mysql extra (pip install -e '.[mysql]')",
+    )
+}
+"""What a workload needs besides Java, where it may be missing."""
 SEEDS = [
     ("generator", 3, {"disk-full"}),
     ("files", 7, {"file-vanish", "files-burst"}),
     ("kafka", 1, {"broker-pause", "topic-create"}),
     ("cdc", 9, {"db-restart", "evaluate-twice"}),
+    ("mysql", 0, {"connections-kill", "evaluate-twice"}),
 ]
 """Seeds and the faults each must apply. With a disk to mount their schedules hold, besides:
 generator 3 the disk full and read-only, workers killed; files 7 (JSON lines) every fault
 of files and the disk's; kafka 1 topics deleted, the disk full; cdc 9 (a sink that writes
-then counts every batch) the disk full, workers killed. Without a disk, the same schedules
-without the disk's faults."""
+then counts every batch) the disk full, workers killed. mysql 0 (MariaDB; a sink that
+counts then writes every batch) has no disk fault: every connection the source opens killed
+for 3.8 s in run 1 at parallelism 1 (which may end the query: the driver's table discovery
+and its pin of a batch's binlog position fail on a killed connection), run 2 at 2 without
+faults, the final runs at 3. Without a disk, the same schedules without the disk's faults.
+Every seed applies a driver SIGKILL (at a moment or with a batch in flight)."""
 
 
 def check(outcome: Outcome) -> None:
@@ -48,7 +62,13 @@ def check(outcome: Outcome) -> None:
     assert sum(outcome.applied.values()) >= len(outcome.schedule.runs), report
 
 
-@pytest.mark.parametrize(("name", "seed", "faults"), SEEDS, ids=[f"{n}-{s}" for n, s, _ in SEEDS])
+@pytest.mark.parametrize(
+    ("name", "seed", "faults"),
+    [
+        pytest.param(name, seed, faults, id=f"{name}-{seed}", marks=NEEDS.get(name, ()))
+        for name, seed, faults in SEEDS
+    ],
+)
 def test_a_fault_schedule_loses_and_repeats_no_record(
     name: str, seed: int, faults: set[str], tmp_path: Path
 ) -> None:
@@ -57,6 +77,7 @@ def test_a_fault_schedule_loses_and_repeats_no_record(
     outcome = run_schedule(schedule, source, tmp_path)
     check(outcome)
     assert faults & set(schedule.kinds()) <= set(outcome.applied), outcome.notes
+    assert {"driver-kill", "driver-kill-in-flight"} & set(outcome.applied), outcome.notes
 
 
 def test_the_schedule_that_found_the_rescale_bug(tmp_path: Path) -> None:

@@ -380,55 +380,218 @@ class KafkaWorkload(Workload):
             self._broker = None
 
 
-# -- PostgreSQL change data capture -------------------------------------------------------------
+# -- change data capture: PostgreSQL and MariaDB ---------------------------------------------------
+
+
+class CdcDatabase(ABC):
+    """One database under :class:`CdcWorkload`: its throw-away server, its SQL dialect (the
+    table, the writer of changes, the table's final rows), its CDC source's options and
+    its own faults. Everything else of the workload is the same for every database.
+
+    Called by: the harness's thread; the writer it makes runs on a thread of its own.
+    """
+
+    name: str
+    """The workload's name (``bench/faults.py --connectors``; it also seeds the schedules)."""
+    source: str
+    """The CDC source (``--source``)."""
+    kinds: tuple[str, ...] = ("db-restart",)
+    """Its faults: ``db-restart`` (the server stopped and started again, see
+    :meth:`restart`) and those :meth:`inject` applies."""
+    secret = "s3cret-pw"  # both test servers' password (tests.support.postgres, .mariadb)
+    server: Any = None
+    """The running server (``tests.support.postgres.Postgres``, ``.mariadb.MariaDB``)."""
+
+    @abstractmethod
+    def start(self, data: Path, table: str, rows: int) -> None:
+        """Start a server under ``data``; create ``table`` ``(id, version, payload)``
+        with ids 1 to ``rows`` at version 0, whose deletes carry the old row in the log
+        (so the replay sees an update lost before a delete)."""
+
+    @abstractmethod
+    def writer(self, table: str, first_id: int) -> Any:
+        """A thread that inserts (ids from ``first_id``), updates and deletes rows of
+        ``table`` until its ``stop()``, counting the changes it committed (``changes``),
+        and outlives a restart: :class:`tests.support.cdc.Writer` in this dialect."""
+
+    @abstractmethod
+    def options(self, table: str) -> list[str]:
+        """The source's options that reach the server and read ``table`` (``KEY=VALUE``),
+        :attr:`secret` among them."""
+
+    @abstractmethod
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        """``table``'s rows now: id -> (version, payload)."""
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same port (fault ``db-restart``)."""
+        self.server.restart()
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        """Apply this database's own fault ``kind`` (not ``db-restart``); says what it did."""
+        raise ValueError(f"{self.name} has no fault {kind!r}")
+
+    def stop(self) -> None:
+        """Throw the server away (it may not have started)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class PostgresCdc(CdcDatabase):
+    """``splitflow-postgres-cdc`` on ``tests.support.postgres``; ``db-restart`` stops it
+    fast (``pg_ctl -m fast``)."""
+
+    name = "cdc"  # the first CDC workload's name, kept: it seeds the recorded schedules
+    source = "splitflow-postgres-cdc"
+
+    def start(self, data: Path, table: str, rows: int) -> None:
+        from tests.support.postgres import Postgres
+
+        self.server = Postgres.start(data)
+        self.server.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
+        )
+        self.server.execute(
+            f"INSERT INTO {table} SELECT g, 0, md5(g::text) FROM generate_series(1, {rows}) g"
+        )
+        self.server.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+
+    def writer(self, table: str, first_id: int) -> Any:
+        from tests.support.cdc import Writer
+
+        return Writer(self.server, table, first_id)
+
+    def options(self, table: str) -> list[str]:
+        return [
+            f"conninfo={self.server.conninfo()}",
+            f"tables={table}",
+            "slotName=s_faults",
+        ]
+
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        from tests.support.cdc import table_rows
+
+        return table_rows(self.server, table)
+
+
+class MariaDbCdc(CdcDatabase):
+    """``splitflow-mysql-cdc`` on ``tests.support.mariadb`` (row binlog, full row images).
+    Faults besides ``db-restart`` (a clean shutdown, SIGTERM): ``db-crash`` (the server
+    SIGKILLed and started again: InnoDB's and the binlog's crash recovery; a new binlog
+    file either way) and ``connections-kill`` (for 2 to 4 s, every 50 ms, ``KILL
+    CONNECTION`` of every connection the source has open: binlog dump threads, chunk reads,
+    the driver's queries). Purging binlog files is not a fault: it loses the changes in
+    them by definition (the source fails with a ``DataLossError``, see
+    ``tests/connectors/mysql``). The harness's own statements run as ``root`` through the
+    socket, which no fault kills."""
+
+    name = "mysql"
+    source = "splitflow-mysql-cdc"
+    kinds = ("db-restart", "db-crash", "connections-kill")
+
+    def start(self, data: Path, table: str, rows: int) -> None:
+        from tests.support.mariadb import MariaDB
+
+        self.server = MariaDB.start(data)  # binlog_row_image=FULL: deletes carry the old row
+        self.server.execute(
+            f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, version INT NOT NULL, payload TEXT)",
+            admin=True,
+        )
+        self.server.execute(
+            f"INSERT INTO {table} SELECT seq, 0, MD5(seq) FROM seq_1_to_{rows}", admin=True
+        )
+
+    def writer(self, table: str, first_id: int) -> Any:
+        from tests.spark.test_databases_cdc_e2e import MariaWriter
+
+        return MariaWriter(self.server, table, first_id)
+
+    def options(self, table: str) -> list[str]:
+        from tests.support.mariadb import DATABASE, USER
+
+        return [
+            f"hostname={self.server.host}",
+            f"port={self.server.port}",
+            f"username={USER}",
+            f"password={self.secret}",
+            f"databaseName={DATABASE}",
+            f"tableName={table}",
+            "serverId=7100-7199",
+        ]
+
+    def rows(self, table: str) -> dict[int, tuple[int, str]]:
+        found = self.server.execute(f"SELECT id, version, payload FROM {table}", admin=True)
+        return {int(k): (int(v), str(p)) for k, v, p in found}
+
+    def inject(self, kind: str, rnd: random.Random) -> str:
+        if kind == "db-crash":
+            began = time.monotonic()
+            self.server.restart(crash=True)
+            return f"db-crash: SIGKILLed, back after {time.monotonic() - began:.1f}s"
+        if kind == "connections-kill":
+            seconds = round(rnd.uniform(2, 4), 1)
+            killed = self._kill_connections(seconds)
+            if not killed:
+                return f"connections-kill: not applied: the source opened none in {seconds}s"
+            commands = ", ".join(f"{n} {command}" for command, n in killed.most_common())
+            return f"connections-kill: {killed.total()} in {seconds}s ({commands})"
+        return super().inject(kind, rnd)
+
+    def _kill_connections(self, seconds: float) -> Counter[str]:
+        """``KILL CONNECTION``, every 50 ms for ``seconds``, every connection of the CDC
+        user but the writer's (the only one whose default database is ``splitflow``: the
+        source names tables in full); the connections killed, by command."""
+        import pymysql
+        from tests.support.mariadb import DATABASE, USER
+
+        killed: Counter[str] = Counter()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            found = self.server.execute(
+                "SELECT id, command FROM information_schema.processlist "
+                "WHERE user = %s AND COALESCE(db, '') <> %s",
+                (USER, DATABASE),
+                admin=True,
+            )
+            for connection, command in found:
+                with contextlib.suppress(pymysql.err.OperationalError):  # 1094: gone meanwhile
+                    self.server.execute(f"KILL CONNECTION {int(connection)}", admin=True)
+                    killed[str(command)] += 1
+            time.sleep(0.05)
+        return killed
 
 
 class CdcWorkload(Workload):
-    """``splitflow-postgres-cdc`` on a PostgreSQL of its own: a table of 400 rows read by a
-    chunked snapshot, then its log, while a writer inserts, updates and deletes. Fault:
-    ``db-restart`` (the server stopped, fast, and started again). The recount replays the
-    sink key by key against the table (:func:`tests.support.cdc.replay`): a gap in a key's
-    versions or a final row that differs is lost, a change seen twice is duplicated. The
-    sink may be a ``foreachBatch`` that writes and counts every batch (in either order):
-    each read of a batch must see the rows that the chunk's watermark says it saw."""
+    """A CDC source on a database of its own (``database``: :class:`PostgresCdc`,
+    :class:`MariaDbCdc`): a table of 400 rows read by a chunked snapshot, then its log,
+    while a writer inserts, updates and deletes. Faults: ``db-restart`` (the server stopped
+    and started again) and the database's own. The recount replays the sink key by key
+    against the table (:func:`tests.support.cdc.replay`): a gap in a key's versions or a
+    final row that differs is lost, a change seen twice is duplicated. The sink may be a
+    ``foreachBatch`` that writes and counts every batch (in either order): each read of a
+    batch must see the rows that the chunk's watermark says it saw."""
 
-    name = "cdc"
-    kinds = ("db-restart",)
     sinks = ("write-count", "count-write")
-    secret = "s3cret-pw"  # the test server's password, in conninfo
     final_runs = 2  # a run that starts during the snapshot reads the log in the next one
     table = "fx_orders"
 
-    def __init__(self, rows: int = 400) -> None:
-        self.rows = rows
-        self._postgres: Any = None
+    def __init__(self, database: CdcDatabase, rows: int = 400) -> None:
+        self.database, self.rows = database, rows
+        self.name, self.kinds, self.secret = database.name, database.kinds, database.secret
         self._writer: Any = None
 
     def start(self, data: Path, state: Path | str) -> None:
-        from tests.support.cdc import Writer
-        from tests.support.postgres import Postgres
-
         data.mkdir(parents=True, exist_ok=True)
         self.state = state
-        self._postgres = Postgres.start(data)
-        self._postgres.execute(
-            f"CREATE TABLE {self.table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
-        )
-        self._postgres.execute(
-            f"INSERT INTO {self.table} SELECT g, 0, md5(g::text) "
-            f"FROM generate_series(1, {self.rows}) g"
-        )
-        # deletes carry the old row, so the replay sees an update lost before a delete
-        self._postgres.execute(f"ALTER TABLE {self.table} REPLICA IDENTITY FULL")
-        self._writer = Writer(self._postgres, self.table, self.rows + 1)
+        self.database.start(data, self.table, self.rows)
+        self._writer = self.database.writer(self.table, self.rows + 1)
         self._writer.start()
 
     def job_args(self) -> list[str]:
         return [
-            "--source=splitflow-postgres-cdc",
-            f"--option=conninfo={self._postgres.conninfo()}",
-            f"--option=tables={self.table}",
-            "--option=slotName=s_faults",
+            f"--source={self.database.source}",
+            *(f"--option={option}" for option in self.database.options(self.table)),
             "--option=chunkSize=50",
             "--option=maxChunksPerBatch=2",
             "--option=discoveryInterval=1s",
@@ -438,18 +601,18 @@ class CdcWorkload(Workload):
     def inject(self, kind: str, rnd: random.Random) -> str:
         if kind == "db-restart":
             began = time.monotonic()
-            self._postgres.restart()
+            self.database.restart()
             return f"db-restart: back after {time.monotonic() - began:.1f}s"
-        return super().inject(kind, rnd)
+        return self.database.inject(kind, rnd)
 
     def stop(self) -> None:
         if self._writer is not None:
             self._writer.stop()
 
     def recount(self, out: Path) -> Count:
-        from tests.support.cdc import replay, sink_in_batch_order, table_rows
+        from tests.support.cdc import replay, sink_in_batch_order
 
-        rows, table = sink_in_batch_order(out), table_rows(self._postgres, self.table)
+        rows, table = sink_in_batch_order(out), self.database.rows(self.table)
         found = replay(rows, table)
         examples = (*found.lost[:3], *found.duplicated[:3])
         changes = self.rows + self._writer.changes
@@ -457,9 +620,7 @@ class CdcWorkload(Workload):
 
     def close(self) -> None:
         self.stop()
-        if self._postgres is not None:
-            self._postgres.stop()
-            self._postgres = None
+        self.database.stop()
 
 
 def workload(name: str, seed: int) -> Workload:
@@ -471,8 +632,10 @@ def workload(name: str, seed: int) -> Workload:
     if name == "kafka":
         return KafkaWorkload()
     if name == "cdc":
-        return CdcWorkload()
+        return CdcWorkload(PostgresCdc())
+    if name == "mysql":
+        return CdcWorkload(MariaDbCdc())
     raise ValueError(f"no workload {name!r}")
 
 
-WORKLOADS = ("generator", "files", "kafka", "cdc")
+WORKLOADS = ("generator", "files", "kafka", "cdc", "mysql")
