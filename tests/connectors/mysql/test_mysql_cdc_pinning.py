@@ -150,3 +150,35 @@ def test_a_pin_lasts_until_its_batch_is_released(pinned: Pinned) -> None:
     assert again is not None
     assert first is not None
     assert again.position > first.position
+
+
+def test_a_pin_whose_connection_is_lost_is_taken_again(
+    pinned: Pinned, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost connection (the fault schedules' KILL CONNECTION, a server restarting) while
+    the driver pins a batch is tried again: a pin holds nothing on the server. Only a server
+    that keeps failing fails the batch, naming it."""
+    import pymysql
+
+    from splitflow.connectors.mysql import catalog
+
+    real = catalog.snapshot_position
+    calls = []
+
+    def lost_once(conn: Any, where: str) -> Any:
+        calls.append(where)
+        if len(calls) == 1:
+            raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+        return real(conn, where)
+
+    monkeypatch.setattr(catalog, "snapshot_position", lost_once)
+    pin = PositionPinner(pinned.source.options).pin(9, [pinned.chunk()])
+    assert pin is not None
+    assert len(calls) == 2
+
+    def lost(conn: Any, where: str) -> Any:
+        raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+
+    monkeypatch.setattr(catalog, "snapshot_position", lost)
+    with pytest.raises(ConnectorError, match=r"cannot pin .* on MySQL .*127\.0\.0\.1.*3 attempt"):
+        PositionPinner(pinned.source.options).pin(10, [pinned.chunk()])

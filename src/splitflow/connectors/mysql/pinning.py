@@ -31,8 +31,11 @@ event, so nothing on the server outlives a driver).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import pymysql
 
 from splitflow.api.events import SourceEvent
 from splitflow.api.source import ReadPinner
@@ -40,6 +43,9 @@ from splitflow.connectors.cdc.splits import CdcSplit, ChunkSplit
 from splitflow.connectors.mysql import catalog
 from splitflow.connectors.mysql.options import MySqlOptions
 from splitflow.errors import ConnectorError
+
+ATTEMPTS = 3
+"""Tries of a batch's pin before the batch fails."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,7 @@ class PositionPinner(ReadPinner[CdcSplit]):
         held = self._held.get(batch)
         if held is not None:
             return held
-        with catalog.connect(self._options) as conn:
-            (file, offset), gtid, position = catalog.snapshot_position(conn, self._options.where)
+        (file, offset), gtid, position = self._position()
         if file == 0 and offset == 0:
             raise ConnectorError(
                 f"MySQL {self._options.where} writes no binlog: a stream reads every batch's "
@@ -91,6 +96,25 @@ class PositionPinner(ReadPinner[CdcSplit]):
         event = BatchPosition(batch, gtid, file, offset, position)
         self._held[batch] = event
         return event
+
+    def _position(self) -> tuple[tuple[int, int], str, int]:
+        """Where a consistent snapshot taken now lies (``catalog.snapshot_position``). A lost
+        connection or a server down for a moment is tried again, up to :data:`ATTEMPTS`
+        times in all, 0.5 s then 1 s apart: a pin holds nothing on the server, so a new one
+        is as good (the batch's tasks have not read yet). Credentials refused are not."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                with catalog.connect(self._options) as conn:
+                    return catalog.snapshot_position(conn, self._options.where)
+            except (pymysql.err.OperationalError, ConnectorError) as error:
+                refused = "Access denied" in str(error)
+                if refused or attempt == ATTEMPTS:
+                    raise ConnectorError(
+                        f"cannot pin the binlog position of a batch on MySQL "
+                        f"{self._options.where} ({attempt} attempt(s)): {error}"
+                    ) from None
+                time.sleep(0.5 * attempt)
+        raise AssertionError("the last attempt raises")
 
     def release(self, through_batch: int) -> None:
         for batch in [b for b in self._held if b <= through_batch]:
