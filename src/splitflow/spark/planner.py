@@ -729,7 +729,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot_id, sids in ended.items():
             if sids:
                 for sid in sids:
-                    del self._slots[slot_id][sid]
+                    self._slots[slot_id].pop(sid, None)  # an earlier finish may have removed it
                 event = SplitsFinishedEvent(tuple(sids))
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
         return any(ended.values())
