@@ -314,9 +314,15 @@ class MySqlSplitReader(CdcSplitReader):
 
     def _position_at(self, file: str, offset: int) -> int:
         """The log position of binlog ``file``:``offset``: after the GTID there."""
-        ((gtid_pos,),) = catalog.query(
-            self._connection(), "SELECT BINLOG_GTID_POS(%s, %s)", (file, offset)
-        )
+        try:
+            ((gtid_pos,),) = catalog.query(
+                self._connection(), "SELECT BINLOG_GTID_POS(%s, %s)", (file, offset)
+            )
+        except pymysql.err.OperationalError as error:  # a lost connection: the task is retried
+            raise ConnectorError(
+                f"cannot read where binlog {file}:{offset} lies on MySQL "
+                f"{self._options.where}: {error}"
+            ) from None
         return gtid.position_after(gtid_pos, self._options.where)
 
     def _rewind(
