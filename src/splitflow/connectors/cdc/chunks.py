@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from splitflow.connectors.cdc.splits import ChunkSplit
+from splitflow.errors import ConfigurationError
 
 SPARSE = 4.0
 """Keys spread over more than this many values per row are cut by stepping through them in
@@ -90,3 +91,35 @@ def chunk_condition(split: ChunkSplit, quote: Callable[[str], str]) -> str:
         upper = f"{key} < {int(split.hi)}"
         conditions.append(upper if split.lo is not None else f"({upper} OR {key} IS NULL)")
     return " AND ".join(conditions)
+
+
+def parse_chunk_keys(
+    text: str, form: str, table_name: Callable[[str], str | None]
+) -> tuple[tuple[str, str], ...]:
+    """Option ``chunkKeyColumn``: one bare column name (for every table: ``("", column)``),
+    or comma-separated ``<table>:column`` entries, one per table. ``form`` is how an entry
+    looks in errors (``db.table:column``); ``table_name`` gives an entry's table name as the
+    source names tables, or None when it is not one (it may raise its own error).
+
+    >>> parse_chunk_keys("id", "t:c", str), parse_chunk_keys("a:x, b:y", "t:c", str)
+    ((('', 'id'),), (('a', 'x'), ('b', 'y')))
+    """
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if len(entries) == 1 and ":" not in entries[0]:
+        return (("", entries[0]),)
+    keys: dict[str, str] = {}
+    for entry in entries:
+        table, _, column = entry.rpartition(":")
+        name = table_name(table.strip()) if table.strip() and column.strip() else None
+        if name is None:
+            raise ConfigurationError(
+                f"option chunkKeyColumn: {entry!r} is not {form}; give one column name for "
+                f"every table, or comma-separated {form} entries",
+                option="chunkKeyColumn",
+            )
+        if name in keys:
+            raise ConfigurationError(
+                f"option chunkKeyColumn names table {name} twice", option="chunkKeyColumn"
+            )
+        keys[name] = column.strip()
+    return tuple(keys.items())

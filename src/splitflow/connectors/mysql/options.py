@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from splitflow.api.options import check_names, parse_duration, parse_positive_int
+from splitflow.connectors.cdc.chunks import parse_chunk_keys
 from splitflow.errors import ConfigurationError
 
 MODES = {
@@ -138,7 +139,7 @@ class MySqlOptions:
             server_ids=_server_ids(get("serverId")),
             mode=mode,
             chunk_size=parse_positive_int("chunkSize", get("chunkSize") or "8096"),
-            chunk_keys=_chunk_keys(get("chunkKeyColumn") or ""),
+            chunk_keys=parse_chunk_keys(get("chunkKeyColumn") or "", "db.table:column", _db_table),
             chunks_per_batch=(
                 None
                 if get("maxChunksPerBatch") is None
@@ -226,24 +227,6 @@ def _server_ids(text: str | None) -> tuple[int, int]:
     return low, high
 
 
-def _chunk_keys(text: str) -> tuple[tuple[str, str], ...]:
-    """``chunkKeyColumn``: one bare column name, or ``db.table:column`` entries."""
-    entries = [e.strip() for e in text.split(",") if e.strip()]
-    if len(entries) == 1 and ":" not in entries[0]:
-        return (("", entries[0]),)
-    keys: dict[str, str] = {}
-    for entry in entries:
-        table, _, column = entry.rpartition(":")
-        table = table.strip()
-        if table.count(".") != 1 or not all(table.split(".")) or not column.strip():
-            raise ConfigurationError(
-                f"option chunkKeyColumn: {entry!r} is not db.table:column; give one column "
-                "name for every table, or comma-separated db.table:column entries",
-                option="chunkKeyColumn",
-            )
-        if table in keys:
-            raise ConfigurationError(
-                f"option chunkKeyColumn names table {table} twice", option="chunkKeyColumn"
-            )
-        keys[table] = column.strip()
-    return tuple(keys.items())
+def _db_table(name: str) -> str | None:
+    """``db.table`` as it is, anything else None."""
+    return name if name.count(".") == 1 and all(name.split(".")) else None

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from splitflow.api.options import check_names, parse_duration, parse_positive_int
+from splitflow.connectors.cdc.chunks import parse_chunk_keys
 from splitflow.errors import ConfigurationError
 
 MODES = {"initial": "initial", "latest": "latest", "snapshotonly": "snapshotOnly"}
@@ -144,7 +145,11 @@ class PostgresOptions:
             tables=tables,
             mode=mode,
             chunk_size=parse_positive_int("chunkSize", get("chunksize") or "8096"),
-            chunk_keys=_chunk_keys(get("chunkkeycolumn") or ""),
+            chunk_keys=parse_chunk_keys(
+                get("chunkkeycolumn") or "",
+                "table:column",
+                lambda table: _table(table, "chunkKeyColumn"),
+            ),
             chunks_per_batch=(
                 None
                 if get("maxchunksperbatch") is None
@@ -186,26 +191,3 @@ def _table(text: str, option: str = "tables") -> str:
             option=option,
         )
     return name
-
-
-def _chunk_keys(text: str) -> tuple[tuple[str, str], ...]:
-    """``chunkKeyColumn``: one bare column name, or ``table:column`` entries (one per table)."""
-    entries = [e.strip() for e in text.split(",") if e.strip()]
-    if len(entries) == 1 and ":" not in entries[0]:
-        return (("", entries[0]),)
-    keys: dict[str, str] = {}
-    for entry in entries:
-        table, _, column = entry.rpartition(":")
-        if not table.strip() or not column.strip():
-            raise ConfigurationError(
-                f"option chunkKeyColumn: {entry!r} is not table:column; give one column name "
-                "for every table, or comma-separated table:column entries",
-                option="chunkKeyColumn",
-            )
-        name = _table(table, "chunkKeyColumn")
-        if name in keys:
-            raise ConfigurationError(
-                f"option chunkKeyColumn names table {name} twice", option="chunkKeyColumn"
-            )
-        keys[name] = column.strip()
-    return tuple(keys.items())
