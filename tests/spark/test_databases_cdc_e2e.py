@@ -11,8 +11,8 @@ serves: each test runs against a real PostgreSQL and a real MariaDB (``db`` para
 * The password is nowhere in offsets, state files or the job's log.
 * ``spark.read`` is the snapshot; ``startupMode=latest`` reads only what follows.
 
-``tests/spark/test_postgres_e2e.py`` has PostgreSQL's own (the slot's confirmation, the
-backlog flag in progress).
+PostgreSQL's slot must also have been confirmed past what Spark committed;
+``tests/spark/test_postgres_e2e.py`` has PostgreSQL's own (the backlog flag in progress).
 """
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ class Database:
     def execute(self, sql: str) -> list[tuple[Any, ...]]:
         return list(self.server.execute(sql))
 
+    def check_log_confirmed(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """What the database keeps of the log's progress went past what Spark committed
+        (PostgreSQL's slot); nothing to check by default."""
+
 
 class PostgresDb(Database):
     source = "splitflow-postgres-cdc"
@@ -94,6 +98,15 @@ class PostgresDb(Database):
     def log_end(self, table: str) -> tuple[str, int]:
         end = self.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]
         return f"log:s_{table}", int(end)
+
+    def check_log_confirmed(self, table: str, rows: list[dict[str, Any]]) -> None:
+        confirmed = self.server.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (f"s_{table}",),
+        )[0][0]
+        first_log_lsn = min(r["lsn"] for r in rows if r["op"] != "r")
+        assert confirmed > first_log_lsn, "the slot never advanced past what Spark committed"
 
 
 class MariaDb(Database):
@@ -298,6 +311,7 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
     assert not found.duplicated, found.duplicated[:10]
     assert not found.lost, found.lost[:10]
     assert {r["op"] for r in rows} == {"r", "c", "u", "d"}
+    db.check_log_confirmed(table, rows)
 
 
 def test_spark_read_is_the_snapshot_and_latest_reads_only_what_follows(
