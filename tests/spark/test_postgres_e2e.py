@@ -21,6 +21,7 @@ from tests.support.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     yield from postgres_fixture(tmp_path_factory)
