@@ -503,7 +503,7 @@ class MariaDbCdc(CdcDatabase):
         )
 
     def writer(self, table: str, first_id: int) -> Any:
-        from tests.spark.test_databases_cdc_e2e import MariaWriter
+        from tests.support.cdc import MariaWriter
 
         return MariaWriter(self.server, table, first_id)
 

@@ -17,17 +17,14 @@ PostgreSQL's slot must also have been confirmed past what Spark committed;
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.spark.support import Job, batches_reading_nothing, log_ids, wait_until
-from tests.support.cdc import Writer, replay, sink_in_batch_order
+from tests.support.cdc import MariaWriter, Writer, replay, sink_in_batch_order
 
 pytestmark = [
     pytest.mark.slow,
@@ -146,55 +143,6 @@ class MariaDb(Database):
     def log_end(self, table: str) -> tuple[str, int]:
         ((position,),) = self.execute("SELECT @@gtid_binlog_pos")
         return "log:binlog", int(str(position).rsplit("-", 1)[1]) + 1
-
-
-class MariaWriter(threading.Thread):
-    """:class:`tests.support.cdc.Writer` for MariaDB: inserts (new ids only), updates
-    (``version + 1``) and deletes, a few per 10 ms, until :meth:`stop`."""
-
-    def __init__(self, server: Any, table: str, first_id: int, seed: int = 7) -> None:
-        super().__init__(daemon=True)
-        self.server, self.table, self.next_id, self.seed = server, table, first_id, seed
-        self.stopped = threading.Event()
-        self.changes = 0
-
-    def run(self) -> None:
-        import pymysql
-
-        rng = random.Random(self.seed)
-        while not self.stopped.is_set():
-            try:
-                with contextlib.closing(self.server.connect(autocommit=False)) as conn:
-                    self._write(conn, rng)
-            except pymysql.err.OperationalError:
-                self.stopped.wait(0.2)
-
-    def _write(self, conn: Any, rng: random.Random) -> None:
-        while not self.stopped.wait(0.01):
-            changes = 0
-            with conn.cursor() as cursor:
-                for _ in range(rng.randint(1, 3)):
-                    action, key = rng.random(), rng.randint(1, self.next_id)
-                    if action < 0.35:
-                        cursor.execute(
-                            f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
-                        )
-                        self.next_id += 1
-                    elif action < 0.85:
-                        cursor.execute(
-                            f"UPDATE {self.table} SET version = version + 1, "
-                            "payload = MD5(RAND()) WHERE id = %s",
-                            (key,),
-                        )
-                    else:
-                        cursor.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
-                    changes += 1
-            conn.commit()
-            self.changes += changes
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(30)
 
 
 @pytest.fixture(scope="module", params=["postgres", "mariadb"])

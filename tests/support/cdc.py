@@ -1,16 +1,17 @@
 """Change data capture end to end: a writer of changes, and a replay of what the sink got.
 
-:class:`Writer` inserts, updates (``version + 1``) and deletes rows of a table
-``(id bigint PRIMARY KEY, version int, payload text)`` from a thread, and reconnects when
-the server restarts. :func:`sink_in_batch_order` reads a Parquet sink of the CDC source in
-the order Spark committed it (Spark's file sink, or the batch folders of a ``foreachBatch``
-sink), and :func:`replay` replays it key by key against the table's final rows: every
-key's history must be gap-free (``r`` or ``c``, then ``u`` with versions +1 each, maybe a
-``d``) and end at the table's row.
+:class:`Writer` (PostgreSQL) and :class:`MariaWriter` insert, update (``version + 1``) and
+delete rows of a table ``(id bigint PRIMARY KEY, version int, payload text)`` from a
+thread, and reconnect when the server restarts. :func:`sink_in_batch_order` reads a
+Parquet sink of the CDC source in the order Spark committed it (Spark's file sink, or the
+batch folders of a ``foreachBatch`` sink), and :func:`replay` replays it key by key
+against the table's final rows: every key's history must be gap-free (``r`` or ``c``,
+then ``u`` with versions +1 each, maybe a ``d``) and end at the table's row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections.abc import Mapping
@@ -24,56 +25,106 @@ from tests.support.postgres import Postgres
 from splitflow.job.pipeline import committed_output_files
 
 
-class Writer(threading.Thread):
-    """Inserts (new ids only), updates and deletes, a few per 10 ms, until :meth:`stop`;
-    reconnects (after 0.2 s) when the server goes away, so it outlives a restart."""
+class ChangeWriter(threading.Thread):
+    """Inserts (new ids only), updates and deletes, a few per 10 ms in transactions of one to
+    three, until :meth:`stop`; reconnects (after 0.2 s) when the server goes away, so it
+    outlives a restart. A subclass says how to connect, what a lost connection raises, how
+    to commit a transaction, and the SQL of a random payload."""
 
-    def __init__(self, postgres: Postgres, table: str, first_id: int, seed: int = 7) -> None:
+    PAYLOAD = ""
+
+    def __init__(self, server: Any, table: str, first_id: int, seed: int = 7) -> None:
         super().__init__(daemon=True)
-        self.postgres, self.table, self.next_id = postgres, table, first_id
+        self.server, self.table, self.next_id = server, table, first_id
         self.seed = seed
         self.stopped = threading.Event()
         self.changes = 0
         """Changes of committed transactions."""
         self.reconnects = 0
 
-    def run(self) -> None:
-        import psycopg
+    def connection(self) -> Any:
+        raise NotImplementedError
 
+    def lost(self) -> type[Exception]:
+        raise NotImplementedError
+
+    def commit(self, conn: Any, statements: list[tuple[str, tuple[int]]]) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
         rng = random.Random(self.seed)
         while not self.stopped.is_set():
             try:
-                with self.postgres.connect() as conn:
+                with self.connection() as conn:
                     self._write(conn, rng)
-            except psycopg.OperationalError:
+            except self.lost():
                 self.reconnects += 1
                 self.stopped.wait(0.2)
 
     def _write(self, conn: Any, rng: random.Random) -> None:
         while not self.stopped.wait(0.01):
-            changes = 0
-            with conn.transaction():
-                for _ in range(rng.randint(1, 3)):
-                    action, key = rng.random(), rng.randint(1, self.next_id)
-                    if action < 0.35:
-                        conn.execute(
-                            f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,)
-                        )
-                        self.next_id += 1
-                    elif action < 0.85:
-                        conn.execute(
-                            f"UPDATE {self.table} SET version = version + 1, "
-                            "payload = md5(random()::text) WHERE id = %s",
-                            (key,),
-                        )
-                    else:
-                        conn.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
-                    changes += 1
-            self.changes += changes  # the transaction committed
+            statements = []
+            for _ in range(rng.randint(1, 3)):
+                action, key = rng.random(), rng.randint(1, self.next_id)
+                if action < 0.35:
+                    statements.append(
+                        (f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,))
+                    )
+                    self.next_id += 1
+                elif action < 0.85:
+                    update = f"UPDATE {self.table} SET version = version + 1, payload = "
+                    statements.append((f"{update}{self.PAYLOAD} WHERE id = %s", (key,)))
+                else:
+                    statements.append((f"DELETE FROM {self.table} WHERE id = %s", (key,)))
+            self.commit(conn, statements)
+            self.changes += len(statements)  # the transaction committed
 
     def stop(self) -> None:
         self.stopped.set()
         self.join(30)
+
+
+class Writer(ChangeWriter):
+    """:class:`ChangeWriter` for PostgreSQL."""
+
+    PAYLOAD = "md5(random()::text)"
+
+    def __init__(self, postgres: Postgres, table: str, first_id: int, seed: int = 7) -> None:
+        super().__init__(postgres, table, first_id, seed)
+        self.postgres = postgres
+
+    def connection(self) -> Any:
+        return self.postgres.connect()
+
+    def lost(self) -> type[Exception]:
+        import psycopg
+
+        return psycopg.OperationalError
+
+    def commit(self, conn: Any, statements: list[tuple[str, tuple[int]]]) -> None:
+        with conn.transaction():
+            for sql, params in statements:
+                conn.execute(sql, params)
+
+
+class MariaWriter(ChangeWriter):
+    """:class:`ChangeWriter` for MariaDB (``server``: a :class:`tests.support.mariadb.MariaDB`)."""
+
+    PAYLOAD = "MD5(RAND())"
+
+    def connection(self) -> Any:
+        return contextlib.closing(self.server.connect(autocommit=False))
+
+    def lost(self) -> type[Exception]:
+        import pymysql
+
+        return pymysql.err.OperationalError
+
+    def commit(self, conn: Any, statements: list[tuple[str, tuple[int]]]) -> None:
+        with conn.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+        conn.commit()
 
 
 def sink_in_batch_order(out: Path) -> list[dict[str, Any]]:
