@@ -4,11 +4,12 @@
 schedule's runs as a driver subprocess (``python -m tests.spark.jobs``, its own process
 group, ``local[2,4]`` so that Spark retries a task whose Python worker died, with the
 schedule's sink: Spark's file sink, or one that reads every batch twice), applies the
-run's faults at their times after its first batch and ends it by its fault, stops the
-workload's data, reads what is left with ``trigger(availableNow=True)`` at the final
-parallelism, and recounts the sink (the files Spark's sink log lists, or the folders of
-the batches a ``foreachBatch`` sink wrote) against the data with
-:meth:`~tests.faults.workloads.Workload.recount`. Linux only (tmpfs, process groups).
+run's faults at their times after its first trigger (a batch, or a trigger that found
+nothing new) and ends it by its fault, stops the workload's data, reads what is left with
+``trigger(availableNow=True)`` at the final parallelism, and recounts the sink (the files
+Spark's sink log lists, or the folders of the batches a ``foreachBatch`` sink wrote) against
+the data with :meth:`~tests.faults.workloads.Workload.recount`. Linux only (tmpfs, process
+groups).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Outcome:
     """What happened besides: injected details, runs whose query failed by itself."""
     seconds: float = 0.0
     error: str | None = None
-    """Why the schedule could not be counted: a run that never got a first batch, or a
+    """Why the schedule could not be counted: a run that never got a first trigger, or a
     final run that did not read everything (the count is then empty)."""
     leaks: list[str] = field(default_factory=list)
     """Where the workload's secret was found: files of the checkpoint, the state directory
@@ -215,8 +216,8 @@ def _runs(
         driver = job(run.parallelism, "500ms")
         try:
             wait_until(
-                f"run {number}'s first batch",
-                lambda driver=driver: driver.check_alive() and driver.batches(),
+                f"run {number}'s first trigger",
+                lambda driver=driver: driver.check_alive() and driver.triggered(),
                 240,
             )
             first = time.monotonic()

@@ -1,7 +1,7 @@
 """Fault schedules: drawn from a seed, so a failing one can be replayed.
 
 A schedule is two or three *runs* of the driver, each at its own ``parallelism`` (so every
-restart may rescale), with faults *during* the run at given seconds after its first batch,
+restart may rescale), with faults *during* the run at given seconds after its first trigger,
 and an *end*: the driver's whole process group SIGKILLed at a moment
 (``driver-kill``) or while a batch is planned and not committed (``driver-kill-in-flight``:
 the sink may have written its files, Spark has not committed the batch). Then a final run
@@ -99,7 +99,7 @@ def draw(
     """The schedule of ``seed`` for ``workload``, whose own fault kinds are ``kinds``.
 
     Each run has up to two faults during it (``worker-kill`` or one of ``kinds``), at most
-    4 s after its first batch, and ends within 4 s after its last fault. ``extra``: kinds
+    4 s after its first trigger, and ends within 4 s after its last fault. ``extra``: kinds
     that depend on the machine (a disk to mount, a cluster's executors), drawn from a
     stream of their own, so that the rest of a seed's schedule is the same with or without
     them: one of them, at a time before the run's end, in about half of the runs.

@@ -39,15 +39,16 @@ NEEDS = {
 """What a workload needs besides Java, where it may be missing."""
 SEEDS = [
     ("generator", 3, {"disk-full"}),
-    ("files", 7, {"file-vanish", "files-burst"}),
+    ("files", 12, {"file-vanish", "files-burst"}),
     ("kafka", 1, {"broker-pause", "topic-create"}),
     ("cdc", 9, {"db-restart", "evaluate-twice"}),
     ("mysql", 0, {"connections-kill", "evaluate-twice"}),
 ]
 """Seeds and the faults each must apply. With a disk to mount their schedules hold, besides:
-generator 3 the disk full and read-only, workers killed; files 7 (JSON lines) every fault
-of files and the disk's; kafka 1 topics deleted, the disk full; cdc 9 (a sink that writes
-then counts every batch) the disk full, workers killed. mysql 0 (MariaDB; a sink that
+generator 3 the disk full and read-only, workers killed; files 12 (Parquet) every fault of
+files and the disk's, its last run without a disk fault (a read-only or full disk may fail
+the query before its end's kill); kafka 1 topics deleted, the disk full; cdc 9 (a sink that
+writes then counts every batch) the disk full, workers killed. mysql 0 (MariaDB; a sink that
 counts then writes every batch) has no disk fault: every connection the source opens killed
 for 3.8 s in run 1 at parallelism 1 (which may end the query: the driver's table discovery
 and its pin of a batch's binlog position fail on a killed connection), run 2 at 2 without

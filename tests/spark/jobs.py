@@ -35,6 +35,8 @@ It prints one line per event, flushed at once, for the test to follow:
 * ``STARTED <query id> <run id>`` when the query is running;
 * ``BATCH <batch id> rows=<n> positions=<json>`` when batch ``<batch id>`` has completed
   (its output and commit are written); ``positions`` is split id -> end of that batch;
+* ``IDLE`` once, at the first trigger that found nothing to read (a restarted query whose
+  source has nothing new plans no batch, as Spark's own sources);
 * ``CAUGHT-UP``, ``TERMINATED``, ``FAILED <error>`` or ``TIMEOUT`` before it exits.
 """
 
@@ -213,10 +215,15 @@ def run(args: argparse.Namespace) -> int:
 
     deadline = time.monotonic() + args.timeout
     reported: set[int] = set()
+    idle = False
 
     def report_batches() -> None:
+        nonlocal idle
         for progress in query.recentProgress:
             batch = progress["batchId"]
+            if progress["numInputRows"] == 0 and not idle:
+                idle = True
+                say("IDLE")
             if batch in reported or progress["numInputRows"] == 0:
                 continue
             reported.add(batch)

@@ -261,6 +261,10 @@ class Job:
         """Ids of the batches this run completed, in order."""
         return [int(line.split()[1]) for line in self.lines if line.startswith("BATCH ")]
 
+    def triggered(self) -> bool:
+        """Whether the query has run a trigger: a batch completed, or one found nothing new."""
+        return bool(self.batches()) or "IDLE" in self.lines
+
     def check_alive(self) -> bool:
         if self.process.poll() is not None:
             self._reader.join(5)
