@@ -53,7 +53,7 @@ if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka,postgres,objectstore,mysql]"
+"$venv/bin/python" -m pip install --quiet -e ".[dev,spark,kafka,postgres,objectstore,mysql,delta]"
 # Azurite, the Azure Storage emulator the object-store tests start (npm registry, Node 18+),
 # into a project-local folder; only when missing.
 azurite_version=3.37.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from tests.coordinator.helpers import (
     FakeSource,
     Harness,
@@ -28,7 +29,13 @@ from splitflow.api.events import (
 )
 from splitflow.api.split import DataclassCodec
 from splitflow.coordinator import AddSplits, NoMoreSplits, ReaderEvent
-from splitflow.errors import ConnectorError, ContractViolation, SourceFailedError
+from splitflow.errors import (
+    ConfigurationError,
+    ConnectorError,
+    ContractViolation,
+    DataLossError,
+    SourceFailedError,
+)
 
 
 class Catalog:
@@ -212,6 +219,75 @@ def test_failed_discovery_fails_the_source_with_a_connector_error() -> None:
     assert isinstance(exc.__cause__, ConnectorError)
     assert exc.__cause__.__cause__ is catalog.error
     assert "broker unreachable" in str(exc.__cause__)
+
+
+def test_a_periodic_discovery_that_fails_after_the_first_is_tried_again_at_the_next_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    catalog.add(S("b"))
+    catalog.error = OSError("connection reset")
+
+    h.scheduler.advance(20.0)  # two failures in a row: the source runs on
+
+    assert [r.getMessage() for r in caplog.records] == [
+        "CatalogEnumerator: split discovery failed (1 of 3 in a row; the next interval tries "
+        "again): connection reset",
+        "CatalogEnumerator: split discovery failed (2 of 3 in a row; the next interval tries "
+        "again): connection reset",
+    ]
+    assert added(h) == {0: ["a"]}
+    catalog.error = None
+    h.scheduler.advance(10.0)
+    assert added(h) == {0: ["a", "b"]}
+
+    catalog.error = OSError("connection reset")
+    h.scheduler.advance(20.0)  # the count starts again after a discovery that completed
+    catalog.error = None
+    h.scheduler.advance(10.0)
+    assert catalog.discoveries == 7
+    assert h.failures == []
+    assert h.enumerator.owners() == {"a": 0, "b": 0}
+
+
+def test_the_third_failed_discovery_in_a_row_fails_the_source() -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    catalog.error = OSError("connection refused")
+
+    h.scheduler.advance(20.0)
+    assert h.failures == []
+    h.scheduler.advance(10.0)
+
+    [failure] = h.failures
+    assert isinstance(failure, ConnectorError)
+    assert "connection refused" in str(failure)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigurationError("option pattern: no table matches"),
+        DataLossError("the directory vanished", split_id="dir"),
+    ],
+    ids=["configuration", "data-loss"],
+)
+def test_a_discovery_that_says_the_input_is_wrong_fails_the_source_at_once(
+    error: Exception,
+) -> None:
+    catalog = Catalog(S("a"))
+    h = make(catalog, parallelism=1, interval=10.0)
+    register(h, 0)
+    catalog.error = error
+
+    h.scheduler.advance(10.0)
+
+    assert catalog.discoveries == 2
+    [failure] = h.failures
+    assert failure.__cause__ is error
 
 
 # -- vanished splits ----------------------------------------------------------------------

@@ -35,6 +35,7 @@ It prints one line per event, flushed at once, for the test to follow:
 * ``STARTED <query id> <run id>`` when the query is running;
 * ``BATCH <batch id> rows=<n> positions=<json>`` when batch ``<batch id>`` has completed
   (its output and commit are written); ``positions`` is split id -> end of that batch;
+* ``APPLIED <batch id> skipped=<0|1> version=<n>`` for each batch ``--sink delta`` applied;
 * ``IDLE`` once, at the first trigger that found nothing to read (a restarted query whose
   source has nothing new plans no batch, as Spark's own sources);
 * ``CAUGHT-UP``, ``TERMINATED``, ``FAILED <error>`` or ``TIMEOUT`` before it exits.
@@ -46,6 +47,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -90,14 +92,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="fail the first attempt of every task of the sink's second action",
     )
+    parser.add_argument("--mirror-keys", default="id", help="--sink delta: the key columns")
+    parser.add_argument(
+        "--kill-after-batch",
+        type=int,
+        default=None,
+        help="--sink delta: SIGKILL the driver once this batch is applied (once per --out)",
+    )
     args = parser.parse_args(argv)
-    if args.fail_once and args.sink == "parquet":
+    if args.fail_once and args.sink in ("parquet", "delta"):
         parser.error("--fail-once needs a foreachBatch --sink (write-count, ...)")
     return args
 
 
-SINKS = ("parquet", "write-count", "count-write", "write-twice")
-"""The ``--sink`` choices: Spark's file sink, or a :class:`ForeachBatchSink` mode."""
+SINKS = ("parquet", "write-count", "count-write", "write-twice", "delta")
+"""The ``--sink`` choices: Spark's file sink, a :class:`ForeachBatchSink` mode, or a
+:class:`DeltaMirrorSink`."""
 
 
 def fail_first_attempt(
@@ -139,8 +149,8 @@ class ForeachBatchSink:
     """
 
     def __init__(self, mode: str, out: str | os.PathLike[str], fail_once: bool = False) -> None:
-        if mode not in SINKS[1:]:
-            raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:]}")
+        if mode not in SINKS[1:-1]:
+            raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:-1]}")
         self.mode, self.out, self.fail_once = mode, os.fspath(out), fail_once
         self.counts: dict[int, int] = {}
 
@@ -165,6 +175,27 @@ class ForeachBatchSink:
             self.counts[batch_id] = batch.count()
         else:
             batch.write.mode("overwrite").parquet(self.folder(batch_id))
+
+
+class DeltaMirrorSink:
+    """A ``foreachBatch`` function that applies each batch of a CDC source to the Delta
+    table at ``out`` (:func:`splitflow.cdc.apply_changes`) and prints
+    ``APPLIED <batch id> skipped=<0|1> version=<n>``. With ``kill_after``: once that batch
+    is applied, and the first time only (``<out>.killed`` records it), SIGKILLs the
+    driver's process group: a crash between the Delta commit and Spark's."""
+
+    def __init__(self, out: str, keys: list[str], kill_after: int | None = None) -> None:
+        self.out, self.keys, self.kill_after = out, keys, kill_after
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from splitflow.cdc import apply_changes
+
+        applied = apply_changes(batch, batch_id, self.out, keys=self.keys)
+        say(f"APPLIED {batch_id} skipped={int(applied.skipped)} version={applied.version}")
+        marker = Path(f"{self.out}.killed")
+        if batch_id == self.kill_after and not marker.exists():
+            marker.touch()
+            os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def say(line: str) -> None:
@@ -208,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.sink == "parquet":
         writer = writer.format("parquet").option("path", args.out)
+    elif args.sink == "delta":
+        keys = args.mirror_keys.split(",")
+        writer = writer.foreachBatch(DeltaMirrorSink(args.out, keys, args.kill_after_batch))
     else:
         writer = writer.foreachBatch(ForeachBatchSink(args.sink, args.out, args.fail_once))
     query = writer.start()

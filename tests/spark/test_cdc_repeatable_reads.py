@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.spark.cdc_jobs import OPTIONS, ROWS, finish, job_args, make_table, wal_end
 from tests.spark.cluster import StandaloneCluster, standalone_cluster
 from tests.spark.jobs import ForeachBatchSink
 from tests.spark.support import Job, log_ids, log_position, wait_until
@@ -40,31 +41,10 @@ from tests.support.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 
-ROWS = 3000
-OPTIONS = {"chunkSize": "250", "maxChunksPerBatch": "2", "discoveryInterval": "1s"}
-"""12 chunks, read two per batch: six snapshot batches, each read twice or more."""
-
 
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     yield from postgres_fixture(tmp_path_factory)
-
-
-def make_table(postgres: Postgres, table: str) -> None:
-    """``ROWS`` rows; deletes carry the old row (``REPLICA IDENTITY FULL``), so the replay
-    also sees an update lost before a delete."""
-    postgres.execute(
-        f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
-    )
-    postgres.execute(
-        f"INSERT INTO {table} SELECT g, 0, md5(g::text) FROM generate_series(1, {ROWS}) g"
-    )
-    postgres.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-    postgres.execute(f"ANALYZE {table}")
-
-
-def wal_end(postgres: Postgres) -> int:
-    return int(postgres.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0])
 
 
 def check_replay(out: Path, final: dict[int, tuple[int, str]]) -> list[dict[str, Any]]:
@@ -143,46 +123,6 @@ def test_every_read_of_a_batch_sees_one_snapshot_and_no_change_is_lost(
         failed = {int(path.name.split("-")[0]) for path in (out / "_failures").iterdir()}
         snapshot = {b for b, f in folders.items() if any(r["op"] == "r" for r in batch_rows(f))}
         assert snapshot <= failed, f"no task failed in batches {sorted(snapshot - failed)}"
-
-
-def job_args(postgres: Postgres, tmp_path: Path, table: str, *extra: str) -> list[str]:
-    """A driver (``tests/spark/jobs.py``) streaming ``table`` into a sink that writes, then
-    counts every batch; it stops once ``<tmp_path>/done`` exists and the log reached the
-    position in ``<tmp_path>/ends.json``."""
-    catalog = tmp_path / "ends.json"
-    catalog.write_text(json.dumps({"lengths": {}, "sealed": []}))
-    return [
-        f"--catalog={catalog}",
-        f"--out={tmp_path / 'out'}",
-        f"--checkpoint={tmp_path / 'checkpoint'}",
-        "--parallelism=2",
-        "--trigger=200ms",
-        "--source=splitflow-postgres-cdc",
-        "--sink=write-count",
-        f"--done-file={tmp_path / 'done'}",
-        f"--option=conninfo={postgres.conninfo()}",
-        f"--option=tables={table}",
-        f"--option=slotName=s_{table}",
-        f"--option=stateDir={tmp_path / 'state'}",
-        *(f"--option={key}={value}" for key, value in OPTIONS.items()),
-        *extra,
-    ]
-
-
-def finish(postgres: Postgres, tmp_path: Path, table: str, job: Job, writer: Writer) -> None:
-    """Once ``job`` read two log batches: stop the writer and let the job catch up, stop."""
-
-    def log_batches() -> int:
-        job.check_alive()
-        return sum(1 for line in job.lines if line.startswith("BATCH ") and '"log:' in line)
-
-    wait_until("the job's log batches", lambda: log_batches() >= 2, 150)
-    writer.stop()
-    ends = {"lengths": {f"log:s_{table}": wal_end(postgres)}, "sealed": []}
-    (tmp_path / "ends.json").write_text(json.dumps(ends))
-    (tmp_path / "done").touch()
-    assert job.finish(120) == 0, job.lines
-    assert "CAUGHT-UP" in job.lines
 
 
 def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_once(

@@ -31,6 +31,7 @@ neither reports nor gets back a split the map says it owned), the enumerator rai
 
 from __future__ import annotations
 
+import logging
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,11 +48,15 @@ from splitflow.api.events import (
 )
 from splitflow.api.split import Codec, JsonDict, LedgerCodec, SplitT
 from splitflow.errors import (
+    ConfigurationError,
     ConnectorError,
     ContractViolation,
+    DataLossError,
     IncompatibleCheckpointError,
     SplitOwnershipError,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,17 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
 
     ``discovery_interval``: seconds between discoveries; ``None`` discovers once, and then
     every reader is told there are no more splits once all are assigned.
+
+    A failed discovery goes to :meth:`on_discovery_error` (by default: the source fails),
+    except a periodic one after the run's first successful discovery, whose error is
+    transient (not a ConfigurationError, DataLossError or ContractViolation: the external
+    system did not answer): it is logged and the next interval tries again, up to
+    :attr:`discovery_attempts` failures in a row. Nothing is lost meanwhile: the splits
+    already known are read on, and new ones come with the next discovery that succeeds.
     """
+
+    discovery_attempts = 3
+    """Periodic discoveries that may fail in a row, transiently, before the source fails."""
 
     def __init__(
         self,
@@ -166,6 +181,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._backlog: dict[str, int] = dict(state.backlog)  # split id -> boundary
         self._backlog_held = state.backlog_held
         self._listed = False  # a discovery completed in this run
+        self._failed_discoveries = 0  # in a row, since the last one that completed
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -355,12 +371,33 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._unassigned.setdefault(sid, split)
         self._preferred[sid] = reader_id
 
+    def _retries_discovery(self, error: BaseException) -> bool:
+        """Whether a failed discovery is left to the next interval (see the class)."""
+        return (
+            self._listed
+            and self.discovery_interval is not None
+            and self._failed_discoveries < self.discovery_attempts
+            and not isinstance(error, ConfigurationError | DataLossError | ContractViolation)
+        )
+
     def _handle_discovery(
         self, splits: Sequence[SplitT] | None, error: BaseException | None
     ) -> None:
         if error is not None:
-            self.on_discovery_error(error)
+            self._failed_discoveries += 1
+            if self._retries_discovery(error):
+                log.warning(
+                    "%s: split discovery failed (%d of %d in a row; the next interval tries "
+                    "again): %s",
+                    type(self).__name__,
+                    self._failed_discoveries,
+                    self.discovery_attempts,
+                    error,
+                )
+            else:
+                self.on_discovery_error(error)
             return
+        self._failed_discoveries = 0
         current = {s.split_id: s for s in splits or ()}
         known_open = self._unassigned.keys() | self._owner.keys() | self._awaiting.keys()
         vanished = sorted(known_open - current.keys())

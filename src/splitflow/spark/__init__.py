@@ -1,34 +1,54 @@
 """The Spark runtime: any splitflow Source through PySpark's Python Data Source API.
 
 The only package that imports pyspark. ``register(spark)`` registers the built-in sources.
+The built-in data sources are imported on first use: the process that reads one connector
+(Spark's streaming source runner, a Python worker) imports only that connector's modules.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from splitflow.spark.datasource import SplitflowDataSource
-from splitflow.spark.files import FilesDataSource
-from splitflow.spark.generator import GeneratorDataSource
-from splitflow.spark.kafka import KafkaDataSource
-from splitflow.spark.mysql import MySqlCdcDataSource
 from splitflow.spark.options import RuntimeOptions
-from splitflow.spark.postgres import PostgresCdcDataSource
-from splitflow.spark.sequence import SequenceDataSource
 
-BUILT_IN: tuple[type[SplitflowDataSource], ...] = (
-    SequenceDataSource,
-    GeneratorDataSource,
-    KafkaDataSource,
-    FilesDataSource,
-    PostgresCdcDataSource,
-    MySqlCdcDataSource,
-)
+if TYPE_CHECKING:
+    from splitflow.spark.files import FilesDataSource
+    from splitflow.spark.generator import GeneratorDataSource
+    from splitflow.spark.kafka import KafkaDataSource
+    from splitflow.spark.mysql import MySqlCdcDataSource
+    from splitflow.spark.postgres import PostgresCdcDataSource
+    from splitflow.spark.sequence import SequenceDataSource
+
+_MODULES = {
+    "SequenceDataSource": "sequence",
+    "GeneratorDataSource": "generator",
+    "KafkaDataSource": "kafka",
+    "FilesDataSource": "files",
+    "PostgresCdcDataSource": "postgres",
+    "MySqlCdcDataSource": "mysql",
+}
+"""Each built-in data source's module in this package, in the order ``register`` uses."""
+
+
+def built_in() -> tuple[type[SplitflowDataSource], ...]:
+    """The built-in data sources (imports every connector's Spark module)."""
+    return tuple(__getattr__(name) for name in _MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILT_IN":
+        return built_in()
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    return getattr(module, name)
 
 
 def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
     """Register ``data_sources`` (default: the built-in ones) with a Spark session."""
-    for data_source in data_sources or BUILT_IN:
+    for data_source in data_sources or built_in():
         spark.dataSource.register(data_source)
 
 
@@ -42,5 +62,6 @@ __all__ = [
     "RuntimeOptions",
     "SequenceDataSource",
     "SplitflowDataSource",
+    "built_in",
     "register",
 ]

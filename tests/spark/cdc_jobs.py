@@ -1,0 +1,76 @@
+"""A PostgreSQL CDC stream run by a driver subprocess (``tests/spark/jobs.py``), to be
+killed and restarted: its table, its arguments, and how to let it catch up and stop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.spark.support import Job, wait_until
+from tests.support.cdc import Writer
+from tests.support.postgres import Postgres
+
+ROWS = 3000
+OPTIONS = {"chunkSize": "250", "maxChunksPerBatch": "2", "discoveryInterval": "1s"}
+"""12 chunks, read two per batch: six snapshot batches."""
+
+
+def make_table(postgres: Postgres, table: str) -> None:
+    """``ROWS`` rows ``(id bigint PRIMARY KEY, version int, payload text)``, the table
+    :class:`~tests.support.cdc.Writer` changes; deletes carry the old row (``REPLICA
+    IDENTITY FULL``), so a replay also sees an update lost before a delete."""
+    postgres.execute(
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int NOT NULL, payload text)"
+    )
+    postgres.execute(
+        f"INSERT INTO {table} SELECT g, 0, md5(g::text) FROM generate_series(1, {ROWS}) g"
+    )
+    postgres.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+    postgres.execute(f"ANALYZE {table}")
+
+
+def wal_end(postgres: Postgres) -> int:
+    return int(postgres.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0])
+
+
+def job_args(
+    postgres: Postgres, tmp_path: Path, table: str, *extra: str, out: Path | None = None
+) -> list[str]:
+    """A driver streaming ``table`` (:data:`OPTIONS`) into a sink that writes, then counts
+    every batch to ``out`` (default ``<tmp_path>/out``; ``extra`` may name another
+    ``--sink``); it stops once ``<tmp_path>/done`` exists and the log reached the position
+    in ``<tmp_path>/ends.json``."""
+    catalog = tmp_path / "ends.json"
+    catalog.write_text(json.dumps({"lengths": {}, "sealed": []}))
+    return [
+        f"--catalog={catalog}",
+        f"--out={out or tmp_path / 'out'}",
+        f"--checkpoint={tmp_path / 'checkpoint'}",
+        "--parallelism=2",
+        "--trigger=200ms",
+        "--source=splitflow-postgres-cdc",
+        "--sink=write-count",
+        f"--done-file={tmp_path / 'done'}",
+        f"--option=conninfo={postgres.conninfo()}",
+        f"--option=tables={table}",
+        f"--option=slotName=s_{table}",
+        f"--option=stateDir={tmp_path / 'state'}",
+        *(f"--option={key}={value}" for key, value in OPTIONS.items()),
+        *extra,
+    ]
+
+
+def finish(postgres: Postgres, tmp_path: Path, table: str, job: Job, writer: Writer) -> None:
+    """Once ``job`` read two log batches: stop the writer and let the job catch up, stop."""
+
+    def log_batches() -> int:
+        job.check_alive()
+        return sum(1 for line in job.lines if line.startswith("BATCH ") and '"log:' in line)
+
+    wait_until("the job's log batches", lambda: log_batches() >= 2, 150)
+    writer.stop()
+    ends = {"lengths": {f"log:s_{table}": wal_end(postgres)}, "sealed": []}
+    (tmp_path / "ends.json").write_text(json.dumps(ends))
+    (tmp_path / "done").touch()
+    assert job.finish(120) == 0, job.lines
+    assert "CAUGHT-UP" in job.lines

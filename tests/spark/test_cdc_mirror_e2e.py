@@ -1,0 +1,89 @@
+"""A Delta table kept equal to a PostgreSQL table by ``apply_changes`` in ``foreachBatch``,
+through a driver crash between a batch's Delta commit and Spark's commit of it.
+
+A writer inserts, updates and deletes rows all through the snapshot (3000 rows, chunks of
+250, two per batch) and the log; the driver (``tests/spark/jobs.py --sink delta``)
+SIGKILLs itself right after batch 2's changes are committed to Delta, before Spark commits
+the batch; the restarted driver runs batch 2 again, which ``apply_changes`` finds recorded
+and skips. Read back, the Delta table equals the PostgreSQL table row for row, with its
+columns and their types, and records the last batch the query committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from tests.spark.cdc_jobs import ROWS, finish, job_args, make_table
+from tests.spark.support import Job, log_ids, wait_until
+from tests.support.cdc import Writer, table_rows
+from tests.support.postgres import Postgres, postgres_fixture
+
+pytestmark = pytest.mark.slow
+deltalake = pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")
+
+KILLED = 2
+"""The batch after whose Delta commit the driver is killed (a snapshot batch)."""
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    yield from postgres_fixture(tmp_path_factory)
+
+
+def mirror_rows(uri: Path) -> dict[int, tuple[int, str]]:
+    table = deltalake.DeltaTable(str(uri))
+    result = deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t")
+    return {r["id"]: (r["version"], r["payload"]) for r in pa.table(result.read_all()).to_pylist()}
+
+
+def applied(job: Job) -> list[tuple[int, bool]]:
+    """(batch id, skipped) of each ``APPLIED`` line the job printed."""
+    lines = [line.split() for line in job.lines if line.startswith("APPLIED ")]
+    return [(int(words[1]), words[2] == "skipped=1") for words in lines]
+
+
+def test_a_mirror_equals_the_table_after_a_crash_between_the_delta_and_the_spark_commit(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    table = "mirrored"
+    make_table(postgres, table)
+    mirror, checkpoint = tmp_path / "mirror", tmp_path / "checkpoint"
+    args = job_args(
+        postgres, tmp_path, table, "--sink=delta", f"--kill-after-batch={KILLED}", out=mirror
+    )
+    writer = Writer(postgres, table, ROWS + 1)
+    writer.start()
+    jobs: list[Job] = []
+    try:
+        run1 = Job(args, tmp_path / "jobs.log")
+        jobs.append(run1)
+        wait_until("run 1 to kill itself", lambda: run1.process.poll() is not None, 180)
+        assert applied(run1)[-1] == (KILLED, False), run1.lines
+        assert KILLED in log_ids(checkpoint, "offsets")
+        assert KILLED not in log_ids(checkpoint, "commits")
+        run2 = Job(args, tmp_path / "jobs.log")
+        jobs.append(run2)
+        finish(postgres, tmp_path, table, run2, writer)
+    finally:
+        writer.stop()
+        for job in jobs:
+            job.close()
+    assert writer.changes > 100, "the writer made too few changes to test anything"
+    assert applied(run2)[0] == (KILLED, True), run2.lines
+    assert all(not skipped for _, skipped in applied(run2)[1:]), run2.lines
+
+    expected, got = table_rows(postgres, table), mirror_rows(mirror)
+    wrong = {k: (expected.get(k), got.get(k)) for k in expected.keys() | got.keys()}
+    wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
+    assert not wrong, f"key -> (table, mirror) where they differ: {dict(list(wrong.items())[:10])}"
+    delta = deltalake.DeltaTable(str(mirror))
+    assert [(f.name, f.type.type) for f in delta.schema().fields] == [
+        ("id", "long"),
+        ("version", "integer"),
+        ("payload", "string"),
+    ]
+    [query] = {line.split()[1] for job in jobs for line in job.lines if line.startswith("STARTED")}
+    assert delta.transaction_version(f"splitflow-{query}") == max(log_ids(checkpoint, "commits"))
