@@ -1,11 +1,13 @@
 """A PostgreSQL CDC stream run by a driver subprocess (``tests/spark/jobs.py``), to be
-killed and restarted: its table, its arguments, and how to let it catch up and stop."""
+killed and restarted: its table, its arguments, and how to let it catch up and stop; and
+what a ``--sink delta`` job left: the batches it applied and the Delta table's rows."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow as pa
 from tests.spark.support import Job, wait_until
 from tests.support.cdc import Writer
 from tests.support.postgres import Postgres
@@ -74,3 +76,20 @@ def finish(postgres: Postgres, tmp_path: Path, table: str, job: Job, writer: Wri
     (tmp_path / "done").touch()
     assert job.finish(120) == 0, job.lines
     assert "CAUGHT-UP" in job.lines
+
+
+def applied(job: Job) -> list[tuple[int, bool]]:
+    """(batch id, skipped) of each ``APPLIED`` line a ``--sink delta`` job printed."""
+    lines = [line.split() for line in job.lines if line.startswith("APPLIED ")]
+    return [(int(words[1]), words[2] == "skipped=1") for words in lines]
+
+
+def mirror_rows(uri: Path) -> dict[int, tuple[int, str]]:
+    """The ``(id, version, payload)`` rows of the Delta table at ``uri``, as
+    :func:`tests.support.cdc.table_rows` gives a table's (read by delta-rs's own engine:
+    ``to_pyarrow_table`` may abort the interpreter at exit, delta-rs issue 2184)."""
+    import deltalake
+
+    result = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(uri)))
+    table = pa.table(result.execute("SELECT id, version, payload FROM t").read_all())
+    return {r["id"]: (r["version"], r["payload"]) for r in table.to_pylist()}

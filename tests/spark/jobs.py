@@ -35,7 +35,8 @@ It prints one line per event, flushed at once, for the test to follow:
 * ``STARTED <query id> <run id>`` when the query is running;
 * ``BATCH <batch id> rows=<n> positions=<json>`` when batch ``<batch id>`` has completed
   (its output and commit are written); ``positions`` is split id -> end of that batch;
-* ``APPLIED <batch id> skipped=<0|1> version=<n>`` for each batch ``--sink delta`` applied;
+* ``APPLIED <batch id> skipped=<0|1> version=<n>`` for each batch ``--sink delta`` applied
+  (``COUNTED <batch id> rows=<n>`` before it with ``--sink count-delta``);
 * ``IDLE`` once, at the first trigger that found nothing to read (a restarted query whose
   source has nothing new plans no batch, as Spark's own sources);
 * ``CAUGHT-UP``, ``TERMINATED``, ``FAILED <error>`` or ``TIMEOUT`` before it exits.
@@ -100,12 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--sink delta: SIGKILL the driver once this batch is applied (once per --out)",
     )
     args = parser.parse_args(argv)
-    if args.fail_once and args.sink in ("parquet", "delta"):
+    if args.fail_once and args.sink in ("parquet", "delta", "count-delta"):
         parser.error("--fail-once needs a foreachBatch --sink (write-count, ...)")
     return args
 
 
-SINKS = ("parquet", "write-count", "count-write", "write-twice", "delta")
+SINKS = ("parquet", "write-count", "count-write", "write-twice", "delta", "count-delta")
 """The ``--sink`` choices: Spark's file sink, a :class:`ForeachBatchSink` mode, or a
 :class:`DeltaMirrorSink`."""
 
@@ -149,8 +150,8 @@ class ForeachBatchSink:
     """
 
     def __init__(self, mode: str, out: str | os.PathLike[str], fail_once: bool = False) -> None:
-        if mode not in SINKS[1:-1]:
-            raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:-1]}")
+        if mode not in SINKS[1:-2]:
+            raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:-2]}")
         self.mode, self.out, self.fail_once = mode, os.fspath(out), fail_once
         self.counts: dict[int, int] = {}
 
@@ -184,12 +185,17 @@ class DeltaMirrorSink:
     is applied, and the first time only (``<out>.killed`` records it), SIGKILLs the
     driver's process group: a crash between the Delta commit and Spark's."""
 
-    def __init__(self, out: str, keys: list[str], kill_after: int | None = None) -> None:
+    def __init__(
+        self, out: str, keys: list[str], kill_after: int | None = None, count_first: bool = False
+    ) -> None:
         self.out, self.keys, self.kill_after = out, keys, kill_after
+        self.count_first = count_first
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from splitflow.cdc import apply_changes
 
+        if self.count_first:  # reads the batch, also a replay that apply_changes then skips
+            say(f"COUNTED {batch_id} rows={batch.count()}")
         applied = apply_changes(batch, batch_id, self.out, keys=self.keys)
         say(f"APPLIED {batch_id} skipped={int(applied.skipped)} version={applied.version}")
         marker = Path(f"{self.out}.killed")
@@ -239,9 +245,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.sink == "parquet":
         writer = writer.format("parquet").option("path", args.out)
-    elif args.sink == "delta":
+    elif args.sink in ("delta", "count-delta"):
         keys = args.mirror_keys.split(",")
-        writer = writer.foreachBatch(DeltaMirrorSink(args.out, keys, args.kill_after_batch))
+        counted = args.sink == "count-delta"
+        sink = DeltaMirrorSink(args.out, keys, args.kill_after_batch, counted)
+        writer = writer.foreachBatch(sink)
     else:
         writer = writer.foreachBatch(ForeachBatchSink(args.sink, args.out, args.fail_once))
     query = writer.start()

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from tests.spark.cdc_jobs import ROWS, finish, job_args, make_table
+from tests.spark.cdc_jobs import ROWS, applied, finish, job_args, make_table, mirror_rows
 from tests.spark.support import Job, log_ids, wait_until
 from tests.support.cdc import Writer, table_rows
 from tests.support.postgres import Postgres, postgres_fixture
@@ -31,18 +30,6 @@ KILLED = 2
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     yield from postgres_fixture(tmp_path_factory)
-
-
-def mirror_rows(uri: Path) -> dict[int, tuple[int, str]]:
-    table = deltalake.DeltaTable(str(uri))
-    result = deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t")
-    return {r["id"]: (r["version"], r["payload"]) for r in pa.table(result.read_all()).to_pylist()}
-
-
-def applied(job: Job) -> list[tuple[int, bool]]:
-    """(batch id, skipped) of each ``APPLIED`` line the job printed."""
-    lines = [line.split() for line in job.lines if line.startswith("APPLIED ")]
-    return [(int(words[1]), words[2] == "skipped=1") for words in lines]
 
 
 def test_a_mirror_equals_the_table_after_a_crash_between_the_delta_and_the_spark_commit(

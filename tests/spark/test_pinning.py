@@ -8,8 +8,10 @@ or the batch is committed) and released when the query run ends.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tests.spark.test_planner import FakeClock, as_spark_stores_it
@@ -31,10 +33,10 @@ class Pin(SourceEvent):
 
 
 class RecordingPinner(ReadPinner[SequenceSplit]):
-    def __init__(self, log: list[tuple[Any, ...]]) -> None:
+    def __init__(self, log: list[tuple[Any, ...]], made: int = 0) -> None:
         self.log = log
         self.held: dict[int, Pin] = {}
-        self.made = 0
+        self.made = made  # pins made so far: the next one's generation is made + 1
 
     def pin(self, batch: int, splits: Sequence[SequenceSplit]) -> Pin:
         self.log.append(("pin", batch, sorted((s.split_id, s.position) for s in splits)))
@@ -50,21 +52,45 @@ class RecordingPinner(ReadPinner[SequenceSplit]):
 
 
 class PinnedSequenceSource(SequenceSource, SupportsPinnedReads[SequenceSplit]):
-    def __init__(self, catalog: SequenceCatalog, log: list[tuple[Any, ...]]) -> None:
+    pinner_type: type[RecordingPinner] = RecordingPinner
+
+    def __init__(
+        self, catalog: SequenceCatalog, log: list[tuple[Any, ...]], generations: int = 0
+    ) -> None:
         super().__init__(catalog)
         self.log = log
+        self.generations = generations  # a driver's pins count from here
         self.pinners: list[RecordingPinner] = []
 
     def create_read_pinner(self) -> RecordingPinner:
-        pinner = RecordingPinner(self.log)
+        pinner = self.pinner_type(self.log, self.generations)
         self.pinners.append(pinner)
         return pinner
 
 
-def make(log: list[tuple[Any, ...]]) -> tuple[PinnedSequenceSource, Planner[Any, Any]]:
+class ResumingPinner(RecordingPinner):
+    """A pin that outlives its driver (a log position): a replay resumes it."""
+
+    def resume(self, batch: int, splits: Sequence[SequenceSplit], pinned: SourceEvent) -> Pin:
+        self.log.append(("resume", batch, pinned))
+        assert isinstance(pinned, Pin)
+        self.held[batch] = pinned
+        return pinned
+
+
+class ResumingSequenceSource(PinnedSequenceSource):
+    pinner_type = ResumingPinner
+
+
+def make(
+    log: list[tuple[Any, ...]],
+    state_dir: Path | None = None,
+    source_type: type[PinnedSequenceSource] = PinnedSequenceSource,
+    generations: int = 0,
+) -> tuple[PinnedSequenceSource, Planner[Any, Any]]:
     catalog = SequenceCatalog({"a": 10, "b": 10})
-    source = PinnedSequenceSource(catalog, log)
-    return source, Planner(source, 2, clock=FakeClock())
+    source = source_type(catalog, log, generations)
+    return source, Planner(source, 2, clock=FakeClock(), state_dir=state_dir and str(state_dir))
 
 
 def test_every_task_of_a_batch_gets_the_batch_pin_first_in_every_evaluation() -> None:
@@ -116,6 +142,48 @@ def test_a_replayed_batch_is_pinned_anew_by_the_restarted_driver() -> None:
     assert first is not again
     restarted.close()
     assert restarted_source.pinners[0].held == {}
+
+
+def test_with_a_state_dir_a_replayed_batch_resumes_the_pin_its_first_reads_had(
+    tmp_path: Path,
+) -> None:
+    """The pin is kept with the batch's events before any task gets it; the restarted
+    driver hands it to the pinner's resume, and a pin that outlives its driver stays."""
+    log: list[tuple[Any, ...]] = []
+    _, planner = make(log, tmp_path, ResumingSequenceSource)
+    start = as_spark_stores_it(planner.initial_offset())
+    end = as_spark_stores_it(planner.latest_offset(start, MaxRecords(4)))
+    first = planner.pin(planner.planned(end))
+    assert first == Pin(1, 1)
+    assert (tmp_path / "events" / "1" / "pin.json").exists()
+
+    _, restarted = make(log, tmp_path, ResumingSequenceSource, generations=100)
+    again = restarted.pin(restarted.planned(end))
+    assert again == first
+    assert ("resume", 1, first) in log
+    assert restarted.pin(restarted.planned(end)) == first  # later evaluations: held
+    assert [entry[0] for entry in log].count("resume") == 1
+    restarted.close()
+    planner.close()
+
+
+def test_a_pin_that_ends_with_its_driver_is_taken_anew_and_kept_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """``ReadPinner.resume``'s default pins anew (an exported snapshot died with the driver);
+    the new pin replaces the kept one, for a later replay."""
+    log: list[tuple[Any, ...]] = []
+    _, planner = make(log, tmp_path)
+    start = as_spark_stores_it(planner.initial_offset())
+    end = as_spark_stores_it(planner.latest_offset(start, MaxRecords(4)))
+    first = planner.pin(planner.planned(end))
+    _, restarted = make(log, tmp_path, generations=100)
+    again = restarted.pin(restarted.planned(end))
+    assert (first, again) == (Pin(1, 1), Pin(1, 101))
+    kept = json.loads((tmp_path / "events" / "1" / "pin.json").read_text())
+    assert decode_events(kept, "pin") == [again]
+    restarted.close()
+    planner.close()
 
 
 def test_a_batch_that_reads_nothing_pins_nothing_and_close_releases_all() -> None:

@@ -138,10 +138,27 @@ class ReadPinner(ABC, Generic[SplitT]):
 
         Called: at least once per batch, before any of its tasks runs, and again for each
         later evaluation of the batch (return the same event while the pin is held). After
-        a driver restart, the batch being replayed is pinned anew in the new process: its
-        reads then all see the new pin, and none sees the old one, whose tasks ended with
-        their driver. Blocking: may block briefly (a round trip to the store).
+        a driver restart, a runtime that kept the batch's event calls :meth:`resume`
+        instead. Blocking: may block briefly (a round trip to the store).
         """
+
+    def resume(
+        self, batch: int, splits: Sequence[SplitT], pinned: SourceEvent
+    ) -> SourceEvent | None:
+        """Batch ``batch`` is read again by a restarted driver; ``pinned`` is the event
+        :meth:`pin` gave its reads before (the runtime keeps it with the batch's state, on
+        Spark with ``stateDir``). Return the event its reads use from now on, and hold it as
+        :meth:`pin` would.
+
+        Return ``pinned`` itself (and hold it) where the pin outlives the driver, a log
+        position say: the replay then reads exactly what the first evaluation read, so a
+        sink may keep either's output. The default pins anew (:meth:`pin`), for a pin that
+        ends with its driver (an exported snapshot ends with its session): the replay's
+        reads then all see the new pin, and the sink must keep the replay's output or
+        skip the replay unread.
+        """
+        del pinned
+        return self.pin(batch, splits)
 
     @abstractmethod
     def release(self, through_batch: int) -> None:

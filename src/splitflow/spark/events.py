@@ -35,6 +35,7 @@ So a batch's events outlive their first application for as long as Spark keeps i
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 from collections.abc import Sequence
 
@@ -90,6 +91,21 @@ class EventStore:
         attempt of the task writes the same events under the same name."""
         target = self.store.path("events", str(seq), f"{task:06d}")
         self.store.put(target, pickle.dumps((slot, list(events))))
+
+    def write_pin(self, seq: int, pin: SourceEvent) -> None:
+        """Keep the event batch ``seq``'s reads were pinned with (:meth:`read_pin`), with the
+        batch's events: it goes when they go."""
+        data = json.dumps(encode_events([pin])).encode()
+        self.store.put(self.store.path("events", str(seq), "pin.json"), data)
+
+    def read_pin(self, seq: int) -> SourceEvent | None:
+        """The event :meth:`write_pin` kept for batch ``seq``, if any."""
+        path = self.store.path("events", str(seq), "pin.json")
+        content = self.store.get(path)
+        if content is None:
+            return None
+        [pin] = decode_events(json.loads(content), self.store.where(path))
+        return pin
 
     def read(self, seq: int) -> tuple[set[int], list[tuple[int, SourceEvent]]]:
         """The slots whose tasks of batch ``seq`` wrote (every task writes, with or without

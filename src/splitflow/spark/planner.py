@@ -130,6 +130,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._times_memo: dict[tuple[str, int], int | None] = {}  # this batch's answers
         self._aligned: Alignment | None = None  # how the last batch was aligned
         self._pinner: ReadPinner[SplitT] | None = None  # made at the first pin
+        self._pinned: set[int] = set()  # batches pinned (or resumed) in this run, not released
 
     progress_splits = 50
     """At most this many splits are listed one by one in :meth:`lag` (the most lagging)."""
@@ -336,7 +337,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         """The event every task of batch ``offset`` hands its reader first, from the source's
         :class:`~splitflow.api.source.ReadPinner` (None: the source pins nothing, or the
         batch reads nothing). Called for every evaluation of the batch; the pinner answers
-        the same while the pin is held, until the batch completes."""
+        the same while the pin is held, until the batch completes.
+
+        With ``stateDir`` the event is kept with the batch's reader events before any task
+        gets it, and a restarted driver that evaluates the batch again (a replay after a
+        crash) hands it to the pinner's ``resume``, which may keep it: then the replay
+        reads what the first evaluation read."""
         if not isinstance(self.source, SupportsPinnedReads):
             return None
         reads = [s.split for slot in offset.slots for s in slot if s.records > 0]
@@ -344,12 +350,24 @@ class Planner(Generic[SplitT, EnumStateT]):
             return None
         if self._pinner is None:
             self._pinner = self.source.create_read_pinner()
-        return self._pinner.pin(offset.seq, reads)
+        seq = offset.seq
+        if self._events is None or seq in self._pinned:
+            return self._pinner.pin(seq, reads)
+        kept = self._events.read_pin(seq)
+        if kept is None:
+            pin = self._pinner.pin(seq, reads)
+        else:
+            pin = self._pinner.resume(seq, reads, kept)
+        if pin is not None and pin != kept:
+            self._events.write_pin(seq, pin)
+        self._pinned.add(seq)
+        return pin
 
     def _release_pins(self, completed: int) -> None:
         """Batches up to ``completed`` completed: no evaluation of them follows."""
         if self._pinner is not None:
             self._pinner.release(completed)
+        self._pinned = {seq for seq in self._pinned if seq > completed}
 
     def _planned_last(self, offset: Mapping[str, Any]) -> bool:
         """Whether ``offset`` is the one this planner planned last (same checkpoint seq)."""

@@ -11,6 +11,7 @@ between the reads.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -150,6 +151,33 @@ def test_a_pin_lasts_until_its_batch_is_released(pinned: Pinned) -> None:
     assert again is not None
     assert first is not None
     assert again.position > first.position
+
+
+def test_a_restarted_driver_resumes_the_pin_and_reads_what_the_first_reads_did(
+    pinned: Pinned,
+) -> None:
+    """A replay after a driver crash: the new driver's pinner gets the kept event."""
+    pin = PositionPinner(pinned.source.options).pin(2, [pinned.chunk()])
+    assert pin is not None
+    first = read(pinned.source, pinned.chunk(), pin)
+    pinned.write(5)  # the driver dies; the table goes on changing until the replay
+    restarted = PositionPinner(pinned.source.options)
+    assert restarted.resume(2, [pinned.chunk()], pin) == pin
+    assert restarted.pin(2, [pinned.chunk()]) == pin, "held as a pin is"
+    assert read(pinned.source, pinned.chunk(), pin) == first
+
+
+def test_a_pin_whose_binlog_was_purged_is_taken_anew_on_resume(
+    pinned: Pinned, caplog: pytest.LogCaptureFixture
+) -> None:
+    pin = PositionPinner(pinned.source.options).pin(3, [pinned.chunk()])
+    assert pin is not None
+    gone = dataclasses.replace(pin, file=pin.file - 1_000)  # a file the server never had
+    resumed = PositionPinner(pinned.source.options).resume(3, [pinned.chunk()], gone)
+    assert isinstance(resumed, BatchPosition)
+    assert resumed != gone
+    assert resumed.position >= pin.position
+    assert f"no longer has the binlog of {gone.where}" in caplog.text
 
 
 def test_a_pin_whose_connection_is_lost_is_taken_again(

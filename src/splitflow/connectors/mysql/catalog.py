@@ -132,6 +132,11 @@ def snapshot_offset(cursor: Any) -> tuple[str, int]:
     return str(status["binlog_snapshot_file"]), int(status["binlog_snapshot_position"])
 
 
+def binlog_files(conn: Any) -> set[int]:
+    """The numbers (as :func:`binlog_offset` gives them) of the binlog files the server has."""
+    return {binlog_offset(str(row[0]), 0)[0] for row in query(conn, "SHOW BINARY LOGS")}
+
+
 def binlog_offset(file: str, offset: int) -> tuple[int, int]:
     """``binlog.000042``, 1234 as ``(42, 1234)``, which orders as the binlog does."""
     match = re.search(r"(\d+)$", file)

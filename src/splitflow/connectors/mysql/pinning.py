@@ -24,13 +24,16 @@ instead:
   ``P``, and the ``r`` rows' ``lsn`` is ``P``.
 
 This is Flink CDC's watermark correction run backwards to a fixed point instead of forwards
-to a high watermark that differs with every read. A restarted driver pins a new position
-for the batch it replays; every read of the replay sees that one (a pin is nothing but its
-event, so nothing on the server outlives a driver).
+to a high watermark that differs with every read. A pin is nothing but its event, so nothing
+on the server outlives a driver, and the event does: with ``stateDir`` the runtime keeps it,
+and a restarted driver that replays the batch reads at the same position
+(:meth:`PositionPinner.resume`), so the replay returns the rows and watermarks of the first
+evaluation, whichever of the two a sink keeps.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +46,8 @@ from splitflow.connectors.cdc.splits import CdcSplit, ChunkSplit
 from splitflow.connectors.mysql import catalog
 from splitflow.connectors.mysql.options import MySqlOptions
 from splitflow.errors import ConnectorError
+
+log = logging.getLogger("splitflow.mysql")
 
 ATTEMPTS = 3
 """Tries of a batch's pin before the batch fails."""
@@ -96,6 +101,29 @@ class PositionPinner(ReadPinner[CdcSplit]):
         event = BatchPosition(batch, gtid, file, offset, position)
         self._held[batch] = event
         return event
+
+    def resume(
+        self, batch: int, splits: Sequence[CdcSplit], pinned: SourceEvent
+    ) -> BatchPosition | None:
+        """The position the batch was pinned at before the driver restarted, which holds
+        nothing on the server and so outlives it: the replay reads every chunk as the first
+        evaluation did, rows and watermarks. A position whose binlog file the server no
+        longer has (purged since) cannot be rewound to: the batch is pinned anew."""
+        if not isinstance(pinned, BatchPosition):
+            return self.pin(batch, splits)
+        with catalog.connect(self._options) as conn:
+            kept = pinned.file in catalog.binlog_files(conn)
+        if not kept:
+            log.warning(
+                "splitflow: MySQL %s no longer has the binlog of %s: the replay of batch %d "
+                "reads its chunks at a new position",
+                self._options.where,
+                pinned.where,
+                batch,
+            )
+            return self.pin(batch, splits)
+        self._held[batch] = pinned
+        return pinned
 
     def _position(self) -> tuple[tuple[int, int], str, int]:
         """Where a consistent snapshot taken now lies (``catalog.snapshot_position``). A lost
