@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-from tests.spark.support import Job, wait_until
+from tests.spark.support import Job, log_ids, wait_until
 from tests.support.cdc import Writer
 from tests.support.postgres import Postgres
 
@@ -93,3 +93,26 @@ def mirror_rows(uri: Path) -> dict[int, tuple[int, str]]:
     result = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(uri)))
     table = pa.table(result.execute("SELECT id, version, payload FROM t").read_all())
     return {r["id"]: (r["version"], r["payload"]) for r in table.to_pylist()}
+
+
+def run_until_killed_after(batch: int, args: list[str], log: Path, checkpoint: Path) -> Job:
+    """A ``--sink delta --kill-after-batch=<batch>`` job, run until it has applied ``batch``
+    and killed itself, before Spark committed the batch."""
+    job = Job(args, log)
+    try:
+        wait_until("the job to kill itself", lambda: job.process.poll() is not None, 240)
+        assert applied(job)[-1] == (batch, False), job.lines
+        assert batch in log_ids(checkpoint, "offsets")
+        assert batch not in log_ids(checkpoint, "commits")
+    finally:
+        job.close()
+    return job
+
+
+def assert_mirrors(table: dict[int, tuple[int, str]], mirror: Path) -> None:
+    """The Delta table at ``mirror`` holds exactly ``table``'s rows."""
+    got = mirror_rows(mirror)
+    wrong = {k: (table.get(k), got.get(k)) for k in table.keys() | got.keys()}
+    wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
+    shown = dict(list(wrong.items())[:10])
+    assert not wrong, f"{len(wrong)} keys differ, as key -> (table, mirror): {shown}"

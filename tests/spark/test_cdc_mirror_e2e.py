@@ -15,8 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.spark.cdc_jobs import ROWS, applied, finish, job_args, make_table, mirror_rows
-from tests.spark.support import Job, log_ids, wait_until
+from tests.spark.cdc_jobs import (
+    ROWS,
+    applied,
+    assert_mirrors,
+    finish,
+    job_args,
+    make_table,
+    run_until_killed_after,
+)
+from tests.spark.support import Job, log_ids
 from tests.support.cdc import Writer, table_rows
 from tests.support.postgres import Postgres, postgres_fixture
 
@@ -45,12 +53,7 @@ def test_a_mirror_equals_the_table_after_a_crash_between_the_delta_and_the_spark
     writer.start()
     jobs: list[Job] = []
     try:
-        run1 = Job(args, tmp_path / "jobs.log")
-        jobs.append(run1)
-        wait_until("run 1 to kill itself", lambda: run1.process.poll() is not None, 180)
-        assert applied(run1)[-1] == (KILLED, False), run1.lines
-        assert KILLED in log_ids(checkpoint, "offsets")
-        assert KILLED not in log_ids(checkpoint, "commits")
+        jobs.append(run_until_killed_after(KILLED, args, tmp_path / "jobs.log", checkpoint))
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
         finish(postgres, tmp_path, table, run2, writer)
@@ -62,10 +65,7 @@ def test_a_mirror_equals_the_table_after_a_crash_between_the_delta_and_the_spark
     assert applied(run2)[0] == (KILLED, True), run2.lines
     assert all(not skipped for _, skipped in applied(run2)[1:]), run2.lines
 
-    expected, got = table_rows(postgres, table), mirror_rows(mirror)
-    wrong = {k: (expected.get(k), got.get(k)) for k in expected.keys() | got.keys()}
-    wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
-    assert not wrong, f"key -> (table, mirror) where they differ: {dict(list(wrong.items())[:10])}"
+    assert_mirrors(table_rows(postgres, table), mirror)
     delta = deltalake.DeltaTable(str(mirror))
     assert [(f.name, f.type.type) for f in delta.schema().fields] == [
         ("id", "long"),

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.cdc_jobs import applied, mirror_rows
+from tests.spark.cdc_jobs import applied, assert_mirrors, run_until_killed_after
 from tests.spark.support import Job, batches_reading_nothing, log_ids, wait_until
 from tests.support.cdc import MariaWriter, Writer, replay, sink_in_batch_order
 
@@ -344,11 +344,7 @@ def test_a_replay_read_then_skipped_by_the_sink_loses_nothing(db: Database, tmp_
     writer.start()
     jobs: list[Job] = []
     try:
-        run1 = Job(args, tmp_path / "jobs.log")
-        jobs.append(run1)
-        wait_until("run 1 to kill itself", lambda: run1.process.poll() is not None, 240)
-        assert applied(run1)[-1] == (killed, False), run1.lines
-        assert killed not in log_ids(checkpoint, "commits")
+        jobs.append(run_until_killed_after(killed, args, tmp_path / "jobs.log", checkpoint))
         time.sleep(2)  # changes to the killed batch's chunks before the replay reads them
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
@@ -370,7 +366,4 @@ def test_a_replay_read_then_skipped_by_the_sink_loses_nothing(db: Database, tmp_
     assert writer.changes > 50, "the writer made too few changes to test anything"
     assert f"COUNTED {killed}" in " ".join(run2.lines), "the replay was not read"
     assert applied(run2)[0] == (killed, True), run2.lines
-    expected, got = db.rows(table), mirror_rows(mirror)
-    wrong = {k: (expected.get(k), got.get(k)) for k in expected.keys() | got.keys()}
-    wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
-    assert not wrong, f"key -> (table, mirror) where they differ: {dict(list(wrong.items())[:10])}"
+    assert_mirrors(db.rows(table), mirror)
