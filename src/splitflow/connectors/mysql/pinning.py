@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pymysql
 
@@ -51,6 +52,8 @@ log = logging.getLogger("splitflow.mysql")
 
 ATTEMPTS = 3
 """Tries of a batch's pin before the batch fails."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,7 @@ class PositionPinner(ReadPinner[CdcSplit]):
         longer has (purged since) cannot be rewound to: the batch is pinned anew."""
         if not isinstance(pinned, BatchPosition):
             return self.pin(batch, splits)
-        with catalog.connect(self._options) as conn:
-            kept = pinned.file in catalog.binlog_files(conn)
-        if not kept:
+        if pinned.file not in self._ask(catalog.binlog_files):
             log.warning(
                 "splitflow: MySQL %s no longer has the binlog of %s: the replay of batch %d "
                 "reads its chunks at a new position",
@@ -126,14 +127,18 @@ class PositionPinner(ReadPinner[CdcSplit]):
         return pinned
 
     def _position(self) -> tuple[tuple[int, int], str, int]:
-        """Where a consistent snapshot taken now lies (``catalog.snapshot_position``). A lost
-        connection or a server down for a moment is tried again, up to :data:`ATTEMPTS`
-        times in all, 0.5 s then 1 s apart: a pin holds nothing on the server, so a new one
-        is as good (the batch's tasks have not read yet). Credentials refused are not."""
+        """Where a consistent snapshot taken now lies (``catalog.snapshot_position``)."""
+        return self._ask(lambda conn: catalog.snapshot_position(conn, self._options.where))
+
+    def _ask(self, question: Callable[[Any], T]) -> T:
+        """``question`` answered on a new connection. A lost connection or a server down
+        for a moment is tried again, up to :data:`ATTEMPTS` times in all, 0.5 s then 1 s
+        apart: a pin holds nothing on the server, so a new one is as good (the batch's tasks
+        have not read yet). Credentials refused are not."""
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 with catalog.connect(self._options) as conn:
-                    return catalog.snapshot_position(conn, self._options.where)
+                    return question(conn)
             except (pymysql.err.OperationalError, ConnectorError) as error:
                 refused = "Access denied" in str(error)
                 if refused or attempt == ATTEMPTS:
