@@ -343,26 +343,30 @@ def test_refused_and_read_only_credentials_fail_naming_state_dir_and_lose_nothin
     assert_exactly_once(sink_rows(spark, out), catalog.records())
 
 
+@pytest.mark.parametrize("kind", ["s3", "azure"])
 def test_a_store_unreachable_mid_run_fails_naming_state_dir_and_resumes_exactly_once(
-    tmp_path: Path, spark: Any, s3_server: Any
+    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    """The S3 endpoint goes away between batches (``Outage``: connections refused): the
-    next batch fails naming option stateDir, showing no secret, before it commits; once the
-    store is back the query resumes from its last committed batch, every record once.
-    (S3 only: the Azure SDK retries an unreachable endpoint for about 90 s, and adlfs
-    passes it no retry setting from ``stateDir.*``, only per-request timeouts; see
-    docs/deployment.md.)"""
+    """The store's endpoint goes away between batches (``Outage``: connections refused):
+    the next batch fails naming option stateDir, showing no secret, before it commits; once
+    the store is back the query resumes from its last committed batch, every record once.
+    S3 is told to try once; the Azure SDK tries four times over about a minute, and adlfs
+    passes it no retry setting from ``stateDir.*`` (docs/deployment.md)."""
     from tests.support.objectstores import Outage, StoreUnderTest
 
-    store = StoreUnderTest("s3", s3_server)
-    outage = Outage(s3_server.port)
+    server = request.getfixturevalue("s3_server" if kind == "s3" else "azurite")
+    store = StoreUnderTest(kind, server)
+    outage = Outage(server.port)
     catalog = SequenceCatalog({"a": 30, "b": 20}, path=str(tmp_path / "catalog.json"))
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    options: dict[str, Any] = {
-        **store.spark_options(),
-        "stateDir.endpoint_url": outage.endpoint,
-        "stateDir.config_kwargs": '{"retries": {"max_attempts": 1}, "connect_timeout": 2}',
-    }
+    options: dict[str, Any] = store.spark_options()
+    if kind == "s3":
+        options["stateDir.endpoint_url"] = outage.endpoint
+        options["stateDir.config_kwargs"] = '{"retries": {"max_attempts": 1}, "connect_timeout": 2}'
+    else:
+        options["stateDir.connection_string"] = options["stateDir.connection_string"].replace(
+            f":{server.port}/", f":{outage.port}/"
+        )
 
     def rows() -> list[tuple[str, int]]:  # [] until a batch with rows committed
         from pyspark.errors import AnalysisException
