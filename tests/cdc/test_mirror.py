@@ -8,6 +8,7 @@ aborts the interpreter at exit (delta-rs issue 2184).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,11 @@ def test_bad_arguments_name_what_is_wrong(tmp_path: Path) -> None:
         "app_id",
     ]
     assert not (tmp_path / "t").exists()
+
+
+def test_without_deltalake_the_error_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "deltalake", None)  # import deltalake raises
+    with pytest.raises(ImportError, match=r"pip install 'splitflow\[delta\]'"):
+        apply(tmp_path / "t", changes((1, "c", "a", 10)), 0)

@@ -155,8 +155,13 @@ def latest_per_key(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
 
 def _open(table_uri: str, storage: dict[str, str]) -> Any:
     """The Delta table at ``table_uri``, or None where there is none yet."""
-    from deltalake import DeltaTable
-
+    try:
+        from deltalake import DeltaTable
+    except ImportError as error:
+        raise ImportError(
+            "apply_changes writes Delta tables with the deltalake package: "
+            "pip install 'splitflow[delta]'"
+        ) from error
     if not DeltaTable.is_deltatable(table_uri, storage):
         return None
     return DeltaTable(table_uri, storage_options=storage)
