@@ -192,6 +192,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         return self._mode
 
     def discover_splits(self) -> Sequence[CdcSplit]:
+        self._found_tables = ()  # a discovery that failed after it set them cut nothing
         with self.connect() as conn:
             tables = self.list_tables(conn)
             new = [t for t in tables if t not in self._tables]
