@@ -5,11 +5,12 @@ what a ``--sink delta`` job left: the batches it applied and the Delta table's r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from tests.spark.support import Job, log_ids, wait_until
-from tests.support.cdc import Writer
 from tests.support.postgres import Postgres
 
 ROWS = 3000
@@ -62,19 +63,37 @@ def job_args(
     ]
 
 
-def finish(postgres: Postgres, tmp_path: Path, table: str, job: Job, writer: Writer) -> None:
-    """Once ``job`` read two log batches: stop the writer and let the job catch up, stop."""
+def postgres_log(postgres: Postgres, table: str) -> Callable[[], tuple[str, int]]:
+    """Where the log of a :func:`job_args` stream of ``table`` ends now, for :func:`finish`."""
+    return lambda: (f"log:s_{table}", wal_end(postgres))
 
-    def log_batches() -> int:
+
+def finish(
+    tmp_path: Path,
+    job: Job,
+    writer: Any,
+    log_end: Callable[[], tuple[str, int]],
+    *,
+    log_batches: int = 2,
+    wait: float = 150,
+    finish_within: float = 120,
+) -> None:
+    """Once ``job`` completed ``log_batches`` batches that read the log: stop the writer,
+    tell the job where the log ends now (``log_end()``: the log split's id and position,
+    into ``<tmp_path>/ends.json``) and to stop once it is there (``<tmp_path>/done``); it
+    must catch up and exit 0."""
+
+    def read_log() -> int:
         job.check_alive()
         return sum(1 for line in job.lines if line.startswith("BATCH ") and '"log:' in line)
 
-    wait_until("the job's log batches", lambda: log_batches() >= 2, 150)
+    wait_until("the job's log batches", lambda: read_log() >= log_batches, wait)
     writer.stop()
-    ends = {"lengths": {f"log:s_{table}": wal_end(postgres)}, "sealed": []}
+    split_id, end = log_end()
+    ends = {"lengths": {split_id: end}, "sealed": []}
     (tmp_path / "ends.json").write_text(json.dumps(ends))
     (tmp_path / "done").touch()
-    assert job.finish(120) == 0, job.lines
+    assert job.finish(finish_within) == 0, job.lines
     assert "CAUGHT-UP" in job.lines
 
 

@@ -22,6 +22,7 @@ from tests.spark.cdc_jobs import (
     finish,
     job_args,
     make_table,
+    postgres_log,
     run_until_killed_after,
 )
 from tests.spark.support import Job, log_ids
@@ -56,7 +57,7 @@ def test_a_mirror_equals_the_table_after_a_crash_between_the_delta_and_the_spark
         jobs.append(run_until_killed_after(KILLED, args, tmp_path / "jobs.log", checkpoint))
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
-        finish(postgres, tmp_path, table, run2, writer)
+        finish(tmp_path, run2, writer, postgres_log(postgres, table))
     finally:
         writer.stop()
         for job in jobs:

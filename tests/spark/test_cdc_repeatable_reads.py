@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.cdc_jobs import OPTIONS, ROWS, finish, job_args, make_table, wal_end
+from tests.spark.cdc_jobs import (
+    OPTIONS,
+    ROWS,
+    finish,
+    job_args,
+    make_table,
+    postgres_log,
+    wal_end,
+)
 from tests.spark.cluster import StandaloneCluster, standalone_cluster
 from tests.spark.jobs import ForeachBatchSink
 from tests.spark.support import Job, log_ids, log_position, wait_until
@@ -161,7 +169,7 @@ def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_o
         assert killed not in log_ids(checkpoint, "commits")
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
-        finish(postgres, tmp_path, table, run2, writer)
+        finish(tmp_path, run2, writer, postgres_log(postgres, table))
         assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
     finally:
         writer.stop()
@@ -192,7 +200,7 @@ def test_on_a_standalone_cluster_reads_retried_on_either_executor_see_the_batch_
         tmp_path / "jobs.log",
     )
     try:
-        finish(postgres, tmp_path, table, job, writer)
+        finish(tmp_path, job, writer, postgres_log(postgres, table))
     finally:
         writer.stop()
         job.close()

@@ -17,6 +17,7 @@ PostgreSQL's slot must also have been confirmed past what Spark committed;
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -24,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.cdc_jobs import applied, assert_mirrors, run_until_killed_after
+from tests.spark.cdc_jobs import (
+    applied,
+    assert_mirrors,
+    finish,
+    postgres_log,
+    run_until_killed_after,
+)
 from tests.spark.support import Job, batches_reading_nothing, log_ids, wait_until
 from tests.support.cdc import MariaWriter, Writer, replay, sink_in_batch_order
 
@@ -95,8 +102,7 @@ class PostgresDb(Database):
         return {k: (v, p) for k, v, p in self.execute(f"SELECT id, version, payload FROM {table}")}
 
     def log_end(self, table: str) -> tuple[str, int]:
-        end = self.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]
-        return f"log:s_{table}", int(end)
+        return postgres_log(self.server, table)()
 
     def check_log_confirmed(self, table: str, rows: list[dict[str, Any]]) -> None:
         confirmed = self.server.execute(
@@ -226,18 +232,8 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         assert killed not in log_ids(checkpoint, "commits")
         run2 = Job(args(parallelism_after), tmp_path / "jobs.log")
         jobs.append(run2)
-
-        def log_batches() -> int:
-            run2.check_alive()
-            return sum(1 for line in run2.lines if line.startswith("BATCH ") and '"log:' in line)
-
-        wait_until("run 2's log batches", lambda: log_batches() >= 3, 240)
-        writer.stop()
-        split_id, end = db.log_end(table)
-        catalog.write_text(json.dumps({"lengths": {split_id: end}, "sealed": []}))
-        done.touch()
-        assert run2.finish(240) == 0, run2.lines
-        assert "CAUGHT-UP" in run2.lines
+        log_end = functools.partial(db.log_end, table)
+        finish(tmp_path, run2, writer, log_end, log_batches=3, wait=240, finish_within=240)
         assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
         if kill_at == "snapshot":  # run 2's first plan: the unread chunks over its slots
             slots = json.loads(offset_text(killed + 1).splitlines()[2])["slots"]
@@ -348,17 +344,8 @@ def test_a_replay_read_then_skipped_by_the_sink_loses_nothing(db: Database, tmp_
         time.sleep(2)  # changes to the killed batch's chunks before the replay reads them
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
-
-        def log_batches() -> int:
-            run2.check_alive()
-            return sum(1 for line in run2.lines if line.startswith("BATCH ") and '"log:' in line)
-
-        wait_until("run 2's log batches", lambda: log_batches() >= 2, 240)
-        writer.stop()
-        split_id, end = db.log_end(table)
-        catalog.write_text(json.dumps({"lengths": {split_id: end}, "sealed": []}))
-        done.touch()
-        assert run2.finish(240) == 0, run2.lines
+        log_end = functools.partial(db.log_end, table)
+        finish(tmp_path, run2, writer, log_end, wait=240, finish_within=240)
     finally:
         writer.stop()
         for job in jobs:
