@@ -7,7 +7,8 @@
     ├── ContractViolation           a connector (or runtime) broke an API contract
     │   └── SplitOwnershipError     a split would be lost or owned twice
     ├── ConnectorError              the external system failed (always ``raise ... from exc``)
-    │   └── DataLossError           records planned for reading no longer exist
+    │   ├── DataLossError           records planned for reading no longer exist
+    │   └── SchemaChangedError      a table's schema changed in a change log (CDC)
     ├── SourceFailedError           the coordinator failed; ``__cause__`` is the original error
     ├── CheckpointDeclinedError     a checkpoint cannot be taken now (retry later)
     ├── IncompatibleCheckpointError a checkpoint was written by an incompatible version
@@ -18,6 +19,8 @@ one, the fix.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class SplitflowError(Exception):
@@ -64,6 +67,50 @@ class DataLossError(ConnectorError):
     def __init__(self, message: str, *, split_id: str) -> None:
         super().__init__(message)
         self.split_id = split_id
+
+
+class SchemaChangedError(ConnectorError):
+    """A table's schema changed in the change log (CDC, option ``schemaChanges``).
+
+    With ``schemaChanges=stop`` the micro-batches before the change are committed and the
+    new schema is recorded in ``stateDir``: restarting the query (same checkpoint) goes on
+    with the new schema right at the change (:func:`splitflow.spark.run_restarting` does
+    it). Otherwise (``fail``, or a change no restart can follow) nothing is recorded.
+    ``table``, ``old`` and ``new`` (the columns, ``name type``), ``position`` (the log's,
+    as the database shows it) name the change; ``recorded`` says whether a restart goes on.
+    """
+
+    RECORDED = "the new schema is recorded in stateDir"
+    """The words of the message when a restart goes on: Spark hands a Python error to the
+    driver as text, where :func:`splitflow.spark.run_restarting` looks for them."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str,
+        old: tuple[str, ...],
+        new: tuple[str, ...],
+        position: str,
+        recorded: bool,
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.old = old
+        self.new = new
+        self.position = position
+        self.recorded = recorded
+
+    def __reduce__(self) -> Any:
+        fields = (self.table, self.old, self.new, self.position, self.recorded)
+        return (_schema_changed, (str(self), *fields))
+
+
+def _schema_changed(message: str, *fields: Any) -> SchemaChangedError:
+    table, old, new, position, recorded = fields
+    return SchemaChangedError(
+        message, table=table, old=old, new=new, position=position, recorded=recorded
+    )
 
 
 class SourceFailedError(SplitflowError):

@@ -137,6 +137,31 @@ def test_a_column_the_table_lacks_is_added_to_its_schema(tmp_path: Path) -> None
     assert fields == {"id": "long", "name": "string", "price": "integer"}
 
 
+def test_a_column_the_batch_no_longer_has_is_dropped_and_a_wider_type_is_taken(
+    tmp_path: Path,
+) -> None:
+    uri = tmp_path / "t"
+    apply(
+        uri,
+        changes((1, "r", "a", 10), (2, "r", "b", 10)).append_column(
+            "n", pa.array([1, 2], pa.int32())
+        ),
+        0,
+    )
+    later = (
+        changes((2, "u", "b", 20))
+        .drop_columns(["name"])
+        .append_column("n", pa.array([3], pa.int64()))
+    )
+    apply(uri, later, 1)
+    again = apply(uri, later, 1)
+
+    assert read(uri) == [{"id": 1, "n": 1}, {"id": 2, "n": 3}]
+    fields = {f.name: f.type.type for f in deltalake.DeltaTable(str(uri)).schema().fields}
+    assert fields == {"id": "long", "n": "long"}
+    assert again.skipped
+
+
 def test_only_the_named_tables_rows_and_columns_are_applied(tmp_path: Path) -> None:
     uri = tmp_path / "t"
     both = pa.concat_tables(

@@ -36,7 +36,9 @@ It prints one line per event, flushed at once, for the test to follow:
 * ``BATCH <batch id> rows=<n> positions=<json>`` when batch ``<batch id>`` has completed
   (its output and commit are written); ``positions`` is split id -> end of that batch;
 * ``APPLIED <batch id> skipped=<0|1> version=<n>`` for each batch ``--sink delta`` applied
-  (``COUNTED <batch id> rows=<n>`` before it with ``--sink count-delta``);
+  (``COUNTED <batch id> rows=<n>`` before it with ``--sink count-delta``); with
+  ``--restart-on-schema-change`` a query that fails with a recorded CDC schema change is
+  started again in the same process (``STARTED`` again);
 * ``IDLE`` once, at the first trigger that found nothing to read (a restarted query whose
   source has nothing new plans no batch, as Spark's own sources);
 * ``CAUGHT-UP``, ``TERMINATED``, ``FAILED <error>`` or ``TIMEOUT`` before it exits.
@@ -99,6 +101,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="--sink delta: SIGKILL the driver once this batch is applied (once per --out)",
+    )
+    parser.add_argument(
+        "--history",
+        default=None,
+        help="--sink delta: first write each batch to <HISTORY>/batch=<id> (Parquet)",
+    )
+    parser.add_argument(
+        "--restart-on-schema-change",
+        action="store_true",
+        help="run the query with splitflow.spark.run_restarting",
+    )
+    parser.add_argument(
+        "--kill-after-restart",
+        action="store_true",
+        help="--sink delta: SIGKILL the driver once the first batch of a query restarted in "
+        "this process is applied (once per --out)",
     )
     args = parser.parse_args(argv)
     if args.fail_once and args.sink in ("parquet", "delta", "count-delta"):
@@ -186,20 +204,30 @@ class DeltaMirrorSink:
     driver's process group: a crash between the Delta commit and Spark's."""
 
     def __init__(
-        self, out: str, keys: list[str], kill_after: int | None = None, count_first: bool = False
+        self,
+        out: str,
+        keys: list[str],
+        kill_after: int | None = None,
+        count_first: bool = False,
+        history: str | None = None,
     ) -> None:
         self.out, self.keys, self.kill_after = out, keys, kill_after
-        self.count_first = count_first
+        self.count_first, self.history = count_first, history
+        self.kill_after_restart = False
+        self.restarted = False  # set when a query of this process was restarted
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from splitflow.cdc import apply_changes
 
         if self.count_first:  # reads the batch, also a replay that apply_changes then skips
             say(f"COUNTED {batch_id} rows={batch.count()}")
+        if self.history is not None:
+            batch.write.mode("overwrite").parquet(os.path.join(self.history, f"batch={batch_id}"))
         applied = apply_changes(batch, batch_id, self.out, keys=self.keys)
         say(f"APPLIED {batch_id} skipped={int(applied.skipped)} version={applied.version}")
         marker = Path(f"{self.out}.killed")
-        if batch_id == self.kill_after and not marker.exists():
+        kill = batch_id == self.kill_after or (self.kill_after_restart and self.restarted)
+        if kill and not marker.exists():
             marker.touch()
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
@@ -238,28 +266,40 @@ def run(args: argparse.Namespace) -> int:
     for option in args.option:
         key, _, value = option.partition("=")
         reader = reader.option(key, value)
-    writer = (
-        reader.load()
-        .writeStream.option("checkpointLocation", args.checkpoint)
-        .trigger(**parse_trigger(args.trigger))
-    )
-    if args.sink == "parquet":
-        writer = writer.format("parquet").option("path", args.out)
-    elif args.sink in ("delta", "count-delta"):
+    sink: Any = None
+    if args.sink in ("delta", "count-delta"):
         keys = args.mirror_keys.split(",")
         counted = args.sink == "count-delta"
-        sink = DeltaMirrorSink(args.out, keys, args.kill_after_batch, counted)
-        writer = writer.foreachBatch(sink)
-    else:
-        writer = writer.foreachBatch(ForeachBatchSink(args.sink, args.out, args.fail_once))
-    query = writer.start()
-    say(f"STARTED {query.id} {query.runId}")
+        sink = DeltaMirrorSink(args.out, keys, args.kill_after_batch, counted, args.history)
+        sink.kill_after_restart = args.kill_after_restart
+    elif args.sink != "parquet":
+        sink = ForeachBatchSink(args.sink, args.out, args.fail_once)
+    started = 0
+
+    def start() -> Any:
+        nonlocal started
+        writer = (
+            reader.load()
+            .writeStream.option("checkpointLocation", args.checkpoint)
+            .trigger(**parse_trigger(args.trigger))
+        )
+        if sink is None:
+            writer = writer.format("parquet").option("path", args.out)
+        else:
+            writer = writer.foreachBatch(sink)
+        if started and isinstance(sink, DeltaMirrorSink):
+            sink.restarted = True
+        started += 1
+        query = writer.start()
+        say(f"STARTED {query.id} {query.runId}")
+        return query
 
     deadline = time.monotonic() + args.timeout
     reported: set[int] = set()
     idle = False
+    timed_out = False
 
-    def report_batches() -> None:
+    def report_batches(query: Any) -> None:
         nonlocal idle
         for progress in query.recentProgress:
             batch = progress["batchId"]
@@ -274,21 +314,38 @@ def run(args: argparse.Namespace) -> int:
                 f"positions={json.dumps(positions(progress), sort_keys=True)}"
             )
 
-    while query.isActive:
-        report_batches()
-        if catalog is not None and args.done_file and os.path.exists(args.done_file):
-            done = positions(query.lastProgress)
-            lengths = catalog.lengths()
-            if lengths and all(done.get(s, -1) >= n for s, n in lengths.items()):
-                say("CAUGHT-UP")
+    def watch(query: Any) -> None:
+        nonlocal timed_out
+        while query.isActive:
+            report_batches(query)
+            if catalog is not None and args.done_file and os.path.exists(args.done_file):
+                done = positions(query.lastProgress)
+                lengths = catalog.lengths()
+                if lengths and all(done.get(s, -1) >= n for s, n in lengths.items()):
+                    say("CAUGHT-UP")
+                    query.stop()
+                    break
+            if time.monotonic() > deadline:
+                say("TIMEOUT")
+                timed_out = True
                 query.stop()
-                break
-        if time.monotonic() > deadline:
-            say("TIMEOUT")
-            query.stop()
-            return 3
-        time.sleep(0.05)
-    report_batches()
+                return
+            time.sleep(0.05)
+        report_batches(query)
+
+    if args.restart_on_schema_change:
+        from splitflow.spark import run_restarting
+
+        try:
+            query = run_restarting(start, wait=watch)
+        except Exception as error:
+            say(f"FAILED {error}".replace("\n", " | "))
+            return 2
+    else:
+        query = start()
+        watch(query)
+    if timed_out:
+        return 3
     if query.exception() is not None:
         say(f"FAILED {query.exception()}".replace("\n", " | "))
         return 2

@@ -32,6 +32,8 @@ class ChangeWriter(threading.Thread):
     to commit a transaction, and the SQL of a random payload."""
 
     PAYLOAD = ""
+    INSERT = "INSERT INTO {table} VALUES (%s, 0, 'new')"
+    UPDATE = "UPDATE {table} SET version = version + 1, payload = {payload} WHERE id = %s"
 
     def __init__(self, server: Any, table: str, first_id: int, seed: int = 7) -> None:
         super().__init__(daemon=True)
@@ -67,13 +69,12 @@ class ChangeWriter(threading.Thread):
             for _ in range(rng.randint(1, 3)):
                 action, key = rng.random(), rng.randint(1, self.next_id)
                 if action < 0.35:
-                    statements.append(
-                        (f"INSERT INTO {self.table} VALUES (%s, 0, 'new')", (self.next_id,))
-                    )
+                    insert = self.INSERT.format(table=self.table)
+                    statements.append((insert, (self.next_id,)))
                     self.next_id += 1
                 elif action < 0.85:
-                    update = f"UPDATE {self.table} SET version = version + 1, payload = "
-                    statements.append((f"{update}{self.PAYLOAD} WHERE id = %s", (key,)))
+                    update = self.UPDATE.format(table=self.table, payload=self.PAYLOAD)
+                    statements.append((update, (key,)))
                 else:
                     statements.append((f"DELETE FROM {self.table} WHERE id = %s", (key,)))
             self.commit(conn, statements)

@@ -80,3 +80,18 @@ class SplitEventTimesEvent(SourceEvent):
     @classmethod
     def of(cls, event_times: Mapping[str, int]) -> SplitEventTimesEvent:
         return cls(tuple(sorted(event_times.items())))
+
+
+@dataclass(frozen=True)
+class SliceEndedEvent(SourceEvent):
+    """Reader -> runtime: the reader ended its slice of ``split_id`` at ``position``, before
+    the planned stop (a CDC log at a schema change); the split's next slice starts there.
+
+    A reader sends it when its split reader finishes a slice early, which it must do at the
+    same position for every read of the slice (the slice's output stays a function of the
+    slice). On Spark the planner moves the split back to ``position`` when it plans the
+    batch after; a runtime that keeps the reader's own split state has nothing to do.
+    """
+
+    split_id: str
+    position: int

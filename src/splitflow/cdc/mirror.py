@@ -32,6 +32,7 @@ there as Arrow.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -109,10 +110,16 @@ def apply_changes(
             )
             return Applied(batch_id, True, target.version())
     rows = _rows(batch, table)
+    fields = _field_metadata(rows)
+    rows = rows.cast(pa.schema([f.remove_metadata() for f in rows.schema]))
     names = (
         list(columns)
         if columns is not None
-        else [n for n in rows.column_names if n not in CHANGE_COLUMNS]
+        else [
+            n
+            for n in rows.column_names
+            if n not in CHANGE_COLUMNS and (table is None or _has(fields.get(n, {}), table))
+        ]
     )
     missing = [n for n in (*names, "op", "lsn") if n not in rows.column_names]
     if missing or not set(keys) <= set(names):
@@ -125,7 +132,80 @@ def apply_changes(
     commit = _commit_properties(app, batch_id)
     if target is None:
         return _create(changes, batch_id, table_uri, commit, storage)
+    formerly = {n: _formerly(fields.get(n, {}), table) for n in names}
+    target = _follow_schema(target, changes.drop_columns(["op"]).schema, formerly, storage)
     return _merge(target, changes, keys, batch_id, commit)
+
+
+def _field_metadata(rows: pa.Table) -> dict[str, dict[str, Any]]:
+    """Each column's Spark field metadata (Spark's ``toArrow`` keeps it in the Arrow
+    field's, as JSON under ``SPARK::metadata::json``)."""
+    found = {}
+    for field in rows.schema:
+        text = (field.metadata or {}).get(b"SPARK::metadata::json")
+        if text:
+            found[field.name] = json.loads(text)
+    return found
+
+
+def _has(metadata: Mapping[str, Any], table: str) -> bool:
+    """Whether the column is ``table``'s by its field metadata (no metadata: it is)."""
+    return table in metadata.get("splitflow.tables", (table,))
+
+
+def _formerly(metadata: Mapping[str, Any], table: str | None) -> tuple[str, ...]:
+    """The column's names before renames, newest first (``splitflow.formerly``)."""
+    by_table = metadata.get("splitflow.formerly", {})
+    if table is not None:
+        return tuple(by_table.get(table, ()))
+    return tuple(name for names in by_table.values() for name in names)
+
+
+def _follow_schema(
+    target: Any,
+    schema: pa.Schema,
+    formerly: Mapping[str, tuple[str, ...]],
+    storage: dict[str, str],
+) -> Any:
+    """The table with the source table's schema changes that a merge cannot make: a column
+    renamed (by the batch's field metadata, see :func:`splitflow.spark.cdc.spark_struct`),
+    dropped (the table has it, the batch does not) or widened. The table is rewritten
+    whole, once, in a commit of its own; a batch run again finds nothing to change. A
+    column the batch adds is left to the merge."""
+    from deltalake import QueryBuilder, Schema, write_deltalake
+
+    have = {f.name: f.type for f in target.schema().fields}
+    want = {f.name: f.type for f in Schema.from_arrow(schema).fields}
+    renames = {
+        old: name
+        for name in want
+        if name not in have
+        for old in formerly.get(name, ())[:1]
+        if old in have and old not in want
+    }
+    dropped = [n for n in have if n not in want and n not in renames]
+    retyped = [n for n in want if n in have and have[n] != want[n]]
+    if not (renames or dropped or retyped):
+        return target
+    log.info(
+        "splitflow: %s follows the source's schema: renamed %s, dropped %s, retyped %s",
+        target.table_uri,
+        renames or "none",
+        dropped or "none",
+        retyped or "none",
+    )
+    rows = pa.table(QueryBuilder().register("t", target).execute("SELECT * FROM t").read_all())
+    rows = rows.drop_columns(dropped).rename_columns(
+        [renames.get(n, n) for n in rows.column_names if n not in dropped]
+    )
+    types = {f.name: f.type for f in schema}
+    rows = rows.cast(
+        pa.schema([pa.field(n, types.get(n, rows.schema.field(n).type)) for n in rows.column_names])
+    )
+    write_deltalake(
+        target.table_uri, rows, mode="overwrite", schema_mode="overwrite", storage_options=storage
+    )
+    return _open(target.table_uri, storage)
 
 
 def latest_per_key(rows: pa.Table, keys: Sequence[str]) -> pa.Table:

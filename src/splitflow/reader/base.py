@@ -12,7 +12,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.events import (
+    SliceEndedEvent,
+    SourceEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
 from splitflow.api.reader import InputStatus, ReaderOutput, SourceReader, SourceReaderContext
 from splitflow.api.split import SplitState, SplitT
 from splitflow.errors import ConfigurationError, ContractViolation, SplitOwnershipError
@@ -401,6 +406,9 @@ class SourceReaderBase(SourceReader[T, SplitT], Generic[E, T, SplitT]):
                 ended.append(split_id)
                 del self._splits[split_id]
                 self._ended.add(split_id)
+            elif split_id in records.cut and entry.stop is not None and position < entry.stop:
+                ended_early = SliceEndedEvent(split_id, position)
+                self.context.send_source_event_to_coordinator(ended_early)
             elif entry.stop is None or position != entry.stop:
                 raise ContractViolation(
                     f"split reader ({batch.fetcher}) reported split {split_id!r} finished at "

@@ -89,6 +89,11 @@ class RecordsBySplits(Generic[E]):
     enumerator and dropped from snapshots; splits that only reached their stop stay in the
     snapshot at their position.
 
+    ``cut``: the subset of ``finished`` whose slice ends before its stop, where the emitter
+    left the position (a CDC log at a schema change). It must end there at every read of
+    the slice; the reader tells the runtime (:class:`~splitflow.api.events.SliceEndedEvent`)
+    and the split's next slice starts there.
+
     Thread: built by the thread that runs ``fetch``, then handed over; not shared.
 
     >>> batch: RecordsBySplits[str] = RecordsBySplits()
@@ -102,6 +107,7 @@ class RecordsBySplits(Generic[E]):
     records: dict[str, list[E]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
     ended: set[str] = field(default_factory=set)
+    cut: set[str] = field(default_factory=set)
 
     def add(self, split_id: str, element: E) -> None:
         """Append one element of ``split_id``."""
@@ -121,6 +127,11 @@ class RecordsBySplits(Generic[E]):
         """``split_id`` reached its end and will never yield more (implies finished)."""
         self.finished.add(split_id)
         self.ended.add(split_id)
+
+    def mark_cut(self, split_id: str) -> None:
+        """``split_id``'s slice ends where it is, before its stop (implies finished)."""
+        self.finished.add(split_id)
+        self.cut.add(split_id)
 
     def split_ids(self) -> set[str]:
         """Every split id this batch mentions (with elements, finished or ended)."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitflow.spark.datasource import SplitflowDataSource
 from splitflow.spark.options import RuntimeOptions
+from splitflow.spark.restart import run_restarting
 
 if TYPE_CHECKING:
     from splitflow.spark.files import FilesDataSource
@@ -64,4 +65,5 @@ __all__ = [
     "SplitflowDataSource",
     "built_in",
     "register",
+    "run_restarting",
 ]

@@ -4,16 +4,43 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.types import StructField, StructType
 
-from splitflow.errors import ConfigurationError
+from splitflow.errors import ConfigurationError, ContractViolation
 from splitflow.spark.datasource import SplitflowDataSource
+from splitflow.spark.options import RuntimeOptions
+from splitflow.spark.statedir import StateStore
 
 if TYPE_CHECKING:
+    from splitflow.connectors.cdc.changes import SchemaRecord
     from splitflow.connectors.cdc.source import CdcSource
+
+SCHEMA_FILE = "cdc-schema.json"
+"""The CDC schema record in ``stateDir`` (:class:`.changes.SchemaRecord`)."""
+TABLES_KEY = "splitflow.tables"
+"""Field metadata: the source tables that have the column."""
+FORMERLY_KEY = "splitflow.formerly"
+"""Field metadata: table -> the column's names before renames, newest first."""
+
+SourceT = TypeVar("SourceT", bound="CdcSource[Any, Any]")
+
+
+@dataclass(frozen=True)
+class StoreFile:
+    """One file of a state store (:class:`~splitflow.connectors.cdc.changes.StateFile`)."""
+
+    store: StateStore
+    name: str
+
+    def read(self) -> bytes | None:
+        return self.store.get(self.store.path(self.name))
+
+    def write(self, content: bytes) -> None:
+        self.store.put(self.store.path(self.name), content)
 
 
 class CdcDataSource(SplitflowDataSource):
@@ -25,16 +52,45 @@ class CdcDataSource(SplitflowDataSource):
     _options: Any
     _tables: list[Any]
     _row_bytes: dict[str, int]
+    _store: StateStore | None = None
 
-    def _load_tables(self, catalog: Any, conn: Any) -> None:
+    def _load_tables(self, catalog: Any, conn: Any, options: dict[str, str]) -> None:
         """The tables the options match on ``conn``, described, and their row sizes
-        (``catalog``: the database's catalog module)."""
+        (``catalog``: the database's catalog module). With ``schemaChanges=stop`` and a
+        ``stateDir``, the tables its schema record holds are as recorded there, not as the
+        catalog has them now (:mod:`splitflow.connectors.cdc.changes`); without a
+        ``stateDir``, ``schemaChanges`` is ``fail``."""
         names = catalog.list_tables(conn, self._options)
         self._tables = [catalog.describe_table(conn, name, self._options) for name in names]
         self._row_bytes = catalog.row_bytes(conn, names)
+        self._store = RuntimeOptions.parse(options).state_store
+        if self._options.schema_changes != "stop":
+            return
+        record = self._schema_record(self.create_source())
+        if record is None:
+            self._options = replace(self._options, schema_changes="fail")
+            return
+        recorded = record.read()
+        if recorded is not None:
+            tables = recorded[0]
+            self._tables = [*tables.values(), *(t for t in self._tables if t.name not in tables)]
+
+    def _schema_record(self, source: CdcSource[Any, Any]) -> SchemaRecord | None:
+        if self._store is None or self._options.schema_changes != "stop":
+            return None
+        return source.schema_record_in(StoreFile(self._store, SCHEMA_FILE))
+
+    def _recording(self, source: SourceT) -> SourceT:
+        """``source`` with the record schema changes go to."""
+        source.schema_record = self._schema_record(source)
+        return source
 
     def create_source(self) -> CdcSource[Any, Any]:
         raise NotImplementedError
+
+    def described(self) -> str:
+        """The tables' descriptions: they change at a schema change's restart."""
+        return repr([(t.name, t.columns, t.key, t.ids) for t in self._tables])
 
     def check_streaming(self) -> None:
         """What the database needs for a stream (its log's settings), checked before the
@@ -48,12 +104,13 @@ class CdcDataSource(SplitflowDataSource):
                 "readers report their watermarks to the driver through it",
                 option="stateDir",
             )
+        record = self._schema_record(self.create_source())
+        if record is not None and record.read() is None:  # the schema the query starts with
+            record.write({t.name: t for t in self._tables}, [])
         return super().streamReader(schema)
 
-    def schema(self) -> str:
-        from splitflow.connectors.cdc.schema import spark_schema
-
-        return spark_schema(self.create_source().columns())
+    def schema(self) -> StructType:
+        return spark_struct(self.create_source())
 
     def reader(self, schema: Any) -> DataSourceReader:
         """``spark.read``: the snapshot, whatever ``startupMode`` says (but ``latest``,
@@ -66,3 +123,32 @@ class CdcDataSource(SplitflowDataSource):
             )
         self._options = replace(self._options, mode="snapshotOnly")
         return super().reader(schema)
+
+
+def spark_struct(source: CdcSource[Any, Any]) -> StructType:
+    """The source's Spark schema: the columns (the union of the tables'), then the change
+    metadata. Each table column's field metadata names the tables that have it
+    (``splitflow.tables``) and the names it had before renames (``splitflow.formerly``:
+    table -> names, newest first), which :func:`splitflow.cdc.apply_changes` reads."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from splitflow.connectors.cdc.schema import METADATA
+
+    fields = []
+    for name, kind in source.columns():
+        having = [t for t in source.tables.values() if name in dict(t.columns)]
+        metadata: dict[str, Any] = {TABLES_KEY: [t.name for t in having]}
+        formerly = {
+            t.name: list(dict(t.formerly)[name]) for t in having if name in dict(t.formerly)
+        }
+        if formerly:
+            metadata[FORMERLY_KEY] = formerly
+        spark = from_arrow_type(kind.arrow)
+        if spark.simpleString() != kind.spark:
+            raise ContractViolation(
+                f"column {name}: its Arrow type {kind.arrow} is Spark's {spark.simpleString()}, "
+                f"not {kind.spark} as its type mapping says"
+            )
+        fields.append(StructField(name, spark, True, metadata))
+    fields += [StructField(name, from_arrow_type(arrow), True) for name, arrow, _ in METADATA]
+    return StructType(fields)

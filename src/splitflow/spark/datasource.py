@@ -40,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.streaming.datasource import ReadLimit as SparkReadLimit
+from pyspark.sql.types import StructType
 
 from splitflow.api.events import SourceEvent, SplitEventTimesEvent, SplitsFinishedEvent
 from splitflow.api.options import check_names
@@ -74,11 +75,17 @@ class SplitflowDataSource(DataSource):
     def name(cls) -> str: ...
 
     @abstractmethod
-    def schema(self) -> str: ...
+    def schema(self) -> str | StructType: ...
 
     @abstractmethod
     def create_source(self) -> AnySource:
         """The Source these options describe. Called on the driver and in executors."""
+
+    def described(self) -> str:
+        """What the source was made from besides the options, when the data source reads
+        it at ``load()`` (a CDC source's table schemas): a worker that read an earlier
+        query with the same options makes the source again when it differs."""
+        return ""
 
     OPTIONS: tuple[str, ...] = ()
     """The connector's own option names, as documented; any other option than these and the
@@ -217,13 +224,15 @@ def _partitions(
     return partitions
 
 
-_SOURCES: dict[tuple[type, tuple[tuple[str, str], ...]], AnySource] = {}
+_SOURCES: dict[tuple[type, tuple[tuple[str, str], ...], str], AnySource] = {}
 _SOURCES_LOCK = threading.Lock()
 
 
 def _cached_source(data_source: SplitflowDataSource) -> AnySource:
-    """One Source per options in a Python worker (workers are reused across tasks)."""
-    key = (type(data_source), tuple(sorted(data_source.options.items())))
+    """One Source per options and :meth:`~SplitflowDataSource.described` in a Python worker
+    (workers are reused across tasks and queries)."""
+    options = tuple(sorted(data_source.options.items()))
+    key = (type(data_source), options, data_source.described())
     with _SOURCES_LOCK:
         if key not in _SOURCES:
             _SOURCES[key] = data_source.create_source()

@@ -78,7 +78,7 @@ class FilesDataSource(SplitflowDataSource):
         super().__init__(options)
         self._loaded = True
 
-    def schema(self) -> str | StructType:  # type: ignore[override]
+    def schema(self) -> str | StructType:
         given = self.options.get("schema")
         if given:
             return str(given)

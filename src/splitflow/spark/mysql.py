@@ -39,7 +39,7 @@ class MySqlCdcDataSource(CdcDataSource):
         self._options = MySqlOptions.parse(options, known=set(NAMES))
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options) as conn:
-            self._load_tables(catalog, conn)
+            self._load_tables(catalog, conn, options)
         super().__init__(options)
 
     @classmethod

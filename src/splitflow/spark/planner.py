@@ -32,6 +32,7 @@ from splitflow.api.enumerator import EnumStateT, SplitExtent
 from splitflow.api.events import (
     BacklogFinishedEvent,
     BacklogStartedEvent,
+    SliceEndedEvent,
     SourceEvent,
     SplitEventTimesEvent,
     SplitsFinishedEvent,
@@ -404,7 +405,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         that completed (a chunk's watermark, a quarantined range): they go to the enumerator
         as from slot ``slot % parallelism``, a registered reader. A reader's
         SplitsFinishedEvent is left out: the planner finished the split when it planned the
-        batch that read it to its end.
+        batch that read it to its end. A SliceEndedEvent moves its split back to where the
+        slice ended (:meth:`_rewind`), so the batch planned next reads on from there.
 
         The last planned batch's tasks must all have written (:meth:`_check_events_written`).
         """
@@ -416,10 +418,19 @@ class Planner(Generic[SplitT, EnumStateT]):
                 for slot, event in events:
                     if isinstance(event, SplitEventTimesEvent):  # the runtime's, not the source's
                         self._observe_event_times(event)
+                    elif isinstance(event, SliceEndedEvent):
+                        self._rewind(event)
                     elif not isinstance(event, SplitsFinishedEvent):
                         reader = slot % self.parallelism
                         self._settle(self.coordinator.handle_source_event(reader, event))
         self._events_through = max(self._events_through, completed)
+
+    def _rewind(self, event: SliceEndedEvent) -> None:
+        """A reader ended a slice early: the split's next slice starts where it ended."""
+        for slot in self._slots.values():
+            split = slot.get(event.split_id)
+            if split is not None and event.position < split.position:
+                slot[event.split_id] = with_position(split, event.position)
 
     def _check_events_written(
         self, batch: BatchOffset[SplitT, EnumStateT], slots: set[int]

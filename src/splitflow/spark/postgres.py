@@ -43,7 +43,7 @@ class PostgresCdcDataSource(CdcDataSource):
         self._options = PostgresOptions.parse(options, known=set(NAMES))
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options, autocommit=True) as conn:
-            self._load_tables(catalog, conn)
+            self._load_tables(catalog, conn, options)
         super().__init__(options)
 
     @classmethod
@@ -53,7 +53,7 @@ class PostgresCdcDataSource(CdcDataSource):
     def create_source(self) -> PostgresCdcSource:
         from splitflow.connectors.postgres.source import PostgresCdcSource
 
-        return PostgresCdcSource(self._options, self._tables, self._row_bytes)
+        return self._recording(PostgresCdcSource(self._options, self._tables, self._row_bytes))
 
     def check_streaming(self) -> None:
         from splitflow.connectors.postgres import catalog

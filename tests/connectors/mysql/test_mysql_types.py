@@ -13,14 +13,15 @@ import pytest
 from tests.connectors.cdc.harness_suite import Harness, rows_of
 from tests.connectors.mysql.test_mysql_cdc_harness import load
 from tests.support.mariadb import MariaDB
+from tests.support.schema import ddl
 
 pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")
 
-from splitflow.connectors.cdc.schema import spark_schema
 from splitflow.connectors.mysql import catalog
 from splitflow.connectors.mysql.options import MySqlOptions
 from splitflow.connectors.mysql.types import TypeMapping, to_arrow
 from splitflow.errors import ConfigurationError
+from splitflow.spark.cdc import spark_struct
 from splitflow.testing.harness import SourceHarness
 
 pytestmark = [
@@ -118,7 +119,7 @@ def test_every_type_reads_the_same_from_a_chunk_and_from_the_binlog(mariadb: Mar
 def test_the_schema_is_the_mapped_types(mariadb: MariaDB) -> None:
     table = f"types{next(_names)}"
     mariadb.execute(f"CREATE TABLE {table} ({COLUMNS})")
-    schema = spark_schema(load(mariadb, tableName=table).columns())
+    schema = ddl(spark_struct(load(mariadb, tableName=table)))
     assert schema.startswith(
         "`id` int, `ti` int, `tiu` int, `si` int, `mi` int, `miu` int, `i` int, "
         "`iu` bigint, `bi` bigint, `biu` decimal(20,0), `y` int, `f` float, `d` double, "

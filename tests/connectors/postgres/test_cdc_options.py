@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 from tests.support.postgres import PASSWORD, Postgres
+from tests.support.schema import ddl
 
 from splitflow.connectors.postgres.catalog import Table
 from splitflow.connectors.postgres.options import PostgresOptions
@@ -320,7 +321,7 @@ def test_the_password_is_not_in_the_spark_data_source_repr(postgres: Postgres) -
         assert PASSWORD not in shown(source)
         assert PASSWORD not in shown(source.create_source())
         assert f"splitflow@127.0.0.1:{postgres.port}/splitflow" in repr(source)
-        assert source.schema() == (
+        assert ddl(source.schema()) == (
             "`id` int, `v` string, `op` string, `lsn` bigint, `commit_ts` timestamp, `table` string"
         )
 

@@ -40,11 +40,13 @@ PinT = TypeVar("PinT", bound=SourceEvent)
 
 class Piece(NamedTuple):
     """What the split reader hands the emitter: rows up to ``next_position``, and a
-    chunk's watermark with the chunk's rows."""
+    chunk's watermark with the chunk's rows. ``cut``: the log's schema changed at
+    ``next_position`` (a :class:`~.changes.SchemaChange`): the slice ends there."""
 
     batches: list[pa.RecordBatch]
     next_position: int
     mark: Any = None
+    cut: Any = None
 
 
 class LogRead(NamedTuple):
@@ -68,6 +70,8 @@ class CdcEmitter(RecordEmitter[Piece, pa.RecordBatch, CdcSplit]):
             output.collect(batch)
         if element.mark is not None and self._report_marks:
             self._context.send_source_event_to_coordinator(ChunkReadEvent(element.mark))
+        if element.cut is not None:
+            self._context.send_source_event_to_coordinator(element.cut)
         state.position = element.next_position
 
 
@@ -159,10 +163,12 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             self._log_reads[split.split_id] = reading
         element = next(reading.pieces)
         out.add(split.split_id, element)
-        if element.next_position >= reading.stop:  # the last piece
+        if element.next_position >= reading.stop or element.cut is not None:  # the last piece
             self._end_log_read(split.split_id)
-            self._log_at[split.split_id] = reading.stop
-            if piece.stop is not None:
+            self._log_at[split.split_id] = element.next_position
+            if piece.stop is not None and element.cut is not None:
+                out.mark_cut(split.split_id)
+            elif piece.stop is not None:
                 out.mark_finished(split.split_id)
 
     def _end_log_read(self, split_id: str) -> None:

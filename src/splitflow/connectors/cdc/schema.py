@@ -57,6 +57,11 @@ class Table(Generic[KindT]):
     columns: tuple[tuple[str, KindT], ...]
     key: tuple[str, ...]
     chunk_key: str = ""
+    ids: tuple[int, ...] = ()
+    """A stable id per column where the database has one (PostgreSQL's ``attnum``), so that
+    a column whose id stays while its name changes is known as renamed; empty: none."""
+    formerly: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Columns renamed since the query started: ``(name, (older names, newest first))``."""
 
 
 def union_columns(
@@ -86,13 +91,6 @@ def union_columns(
                     option=option,
                 )
     return [(name, kind) for name, (_, kind) in union.items()]
-
-
-def spark_schema(columns: Sequence[tuple[str, ColumnKind]]) -> str:
-    """The source's Spark DDL schema: the columns, then the metadata."""
-    fields = [(name, kind.spark) for name, kind in columns]
-    fields += [(name, spark) for name, _, spark in METADATA]
-    return ", ".join(f"`{name}` {spark}" for name, spark in fields)
 
 
 class OutputSchema(Generic[KindT]):

@@ -36,6 +36,13 @@ from splitflow.api.source import (
     SupportsSplitReassignmentOnRecovery,
 )
 from splitflow.api.split import Codec
+from splitflow.connectors.cdc.changes import (
+    SchemaChange,
+    SchemaRecord,
+    StateFile,
+    columns_shown,
+    difference,
+)
 from splitflow.connectors.cdc.schema import Table, union_columns
 from splitflow.connectors.cdc.splits import (
     CdcSplit,
@@ -47,7 +54,7 @@ from splitflow.connectors.cdc.splits import (
     LogSplit,
     mark_tuple,
 )
-from splitflow.errors import ConnectorError
+from splitflow.errors import ConfigurationError, ConnectorError, SchemaChangedError
 
 MODES = ("initial", "latest", "snapshotOnly")
 """``initial``: the snapshot, then the log; ``latest``: the log from now on;
@@ -75,6 +82,11 @@ class CdcOptions(Protocol):
     @property
     def discovery_interval(self) -> float:
         """Seconds between looks for tables that newly match."""
+        ...
+
+    @property
+    def schema_changes(self) -> str:
+        """What a schema change in the log does: ``stop`` or ``fail`` (:mod:`.changes`)."""
         ...
 
 
@@ -196,6 +208,8 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         with self.connect() as conn:
             tables = self.list_tables(conn)
             new = [t for t in tables if t not in self._tables]
+            for table in new:  # before the log carries it
+                self._source.check_new_table(self._source.table(table, conn))
             if self._mode != "snapshotOnly" and (new or self._log_start is None):
                 start = self.prepare_log(conn, tables, new, self._log_start is None)
                 if self._log_start is None:
@@ -237,6 +251,8 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         if isinstance(event, ChunkReadEvent):
             if not self._log_made:  # later chunks (new tables) have no place in the log
                 self._marks[event.mark.split_id] = event.mark
+        elif isinstance(event, SchemaChange):
+            self._source.schema_changed(event)
         else:
             super().handle_source_event(reader_id, event)
         self._maybe_start_log()
@@ -356,6 +372,9 @@ class CdcSource(
         self.options = options
         self.tables: dict[str, TableT] = {t.name: t for t in tables}
         self.row_bytes = dict(row_bytes or {})
+        self.schema_record: SchemaRecord | None = None
+        """Where schema changes are recorded (``stateDir``); None: nowhere, and a change
+        fails the query as with ``schemaChanges=fail``."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options!r})"
@@ -372,6 +391,73 @@ class CdcSource(
         if conn is None:
             raise ConnectorError(f"table {name} is not one the query's schema was made from")
         return self.describe(conn, name)
+
+    # -- schema changes (see :mod:`.changes`) ---------------------------------------------------
+
+    def schema_record_in(self, file: StateFile) -> SchemaRecord | None:
+        """The record of the query's schema kept in ``file`` (in ``stateDir``), for
+        ``schemaChanges=stop``; None: the database does not follow schema changes (they
+        fail the query). A database that does returns a :class:`~.changes.SchemaRecord`
+        with its column types' codec."""
+        return None
+
+    def check_new_table(self, table: TableT) -> None:
+        """A table found after the start fits the query's schema (its columns are among
+        the others' with the same types), or the query stops as at a schema change."""
+        if table.name in self.tables:
+            return
+        union = dict(self.columns())
+        if all(n in union and union[n].spark == k.spark for n, k in table.columns):
+            return
+        if self.options.schema_changes == "stop":
+            self._stop(table.name, table, "its discovery", "a new table")
+
+    def schema_changed(self, change: SchemaChange) -> None:
+        """The enumerator's part of a change a log reader reported: record it and stop the
+        query. A change already recorded is the same batch's events applied again after
+        the restart: nothing to do."""
+        old = self.tables.get(change.table)
+        new = change.new
+        if old is not None and old.columns == new.columns and old.ids == new.ids:
+            return
+        what = "a new table" if old is None else str(difference(old, new))
+        self._stop(change.table, new, f"log position {change.shown}", what)
+
+    def _stop(self, name: str, new: TableT, where: str, what: str) -> None:
+        old = self.tables.get(name)
+        problem = None if old is None else difference(old, new).problem(old)
+        tables = {**self.tables, name: new}
+        try:
+            union_columns(tables.values(), self.tables_option)
+        except ConfigurationError as e:
+            problem = str(e)
+        record = self.schema_record
+        recorded = problem is None and record is not None
+        message = f"table {name}'s schema changed at {where}: {what}"
+        if recorded:
+            assert record is not None
+            _, changes = record.read() or ({}, [])
+            changes.append({"table": name, "at": where, "change": what})
+            record.write(tables, changes)
+            message += (
+                f"; {SchemaChangedError.RECORDED}: restart the query (same checkpoint), "
+                "which reads on from the change with it"
+            )
+        else:
+            message += (
+                f"; {problem}: no restart can follow it"
+                if problem
+                else "; nothing was recorded (schemaChanges=fail, or no stateDir)"
+            )
+            message += ": read the table again in a new query (new checkpoint and stateDir)"
+        raise SchemaChangedError(
+            message,
+            table=name,
+            old=() if old is None else columns_shown(old),
+            new=columns_shown(new),
+            position=where,
+            recorded=recorded,
+        )
 
     @abstractmethod
     def describe(self, conn: Any, name: str) -> TableT:

@@ -94,6 +94,8 @@ class MySqlOptions:
     chunks_per_batch: int | None = None
     discovery_interval: float = 30.0
     connect_timeout: float = 10.0
+    schema_changes: str = "fail"
+    """A schema change in the binlog fails the query (``stop`` is PostgreSQL's so far)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str], known: set[str] | None = None) -> MySqlOptions:

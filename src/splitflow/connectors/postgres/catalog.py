@@ -8,13 +8,14 @@ slot, the publication) and never the password.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from splitflow.connectors.cdc import chunks, schema
+from splitflow.connectors.cdc import changes, chunks, schema
 from splitflow.connectors.cdc.chunks import KeyStats
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.splits import ChunkSplit
@@ -136,7 +137,7 @@ def describe_table(
     regclass = quoted(table).as_string(conn)
     rows = conn.execute(
         "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), "
-        "  t.typname "
+        "  t.typname, a.attnum "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
         "ORDER BY a.attnum",
@@ -156,7 +157,7 @@ def describe_table(
     ).fetchone()
     columns = tuple(
         (name, TypeMapping.for_column(table, name, oid, typmod, type_name))
-        for name, oid, typmod, type_name, _ in rows
+        for name, oid, typmod, type_name, _, _ in rows
     )
     types = {r[0]: r[4] for r in rows}
     key = tuple(r[0] for r in key_rows)
@@ -182,7 +183,39 @@ def describe_table(
                 option="chunkKeyColumn",
             )
         chunk_key = named
-    return Table(table, columns, key, chunk_key, str(identity[0]) if identity else "d")
+    return Table(
+        table,
+        columns,
+        key,
+        chunk_key,
+        ids=tuple(int(r[5]) for r in rows),
+        replica_identity=str(identity[0]) if identity else "d",
+    )
+
+
+def describe_relation(
+    conn: psycopg.Connection[Any],
+    described: Table,
+    oid: int,
+    columns: Sequence[tuple[str, int, int]],
+) -> Table:
+    """``described`` with the columns ``(name, type oid, type modifier)`` the log now
+    writes its table (``oid``) with; each column's id is its ``attnum`` in the catalog now
+    (0 for a name the catalog no longer has), so that a rename is known."""
+    rows = conn.execute(
+        "SELECT c.n, format_type(c.oid, c.typmod), t.typname, "
+        "  (SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = %s::oid AND a.attname = c.name "
+        "   AND NOT a.attisdropped) "
+        "FROM unnest(%s::text[], %s::oid[], %s::int[]) WITH ORDINALITY AS c(name, oid, typmod, n) "
+        "JOIN pg_type t ON t.oid = c.oid ORDER BY c.n",
+        (oid, [c[0] for c in columns], [c[1] for c in columns], [c[2] for c in columns]),
+    ).fetchall()
+    kinds = [
+        (name, TypeMapping.for_column(described.name, name, type_oid, typmod, str(row[1])))
+        for (name, type_oid, typmod), row in zip(columns, rows, strict=True)
+    ]
+    ids = [int(row[3] or 0) for row in rows]
+    return changes.follow(described, kinds, ids)  # type: ignore[return-value]
 
 
 def check_replica_identity(table: Table) -> None:

@@ -25,6 +25,11 @@ option                 default       meaning
 ``publicationName``    slotName      publication of the tables (created or extended if needed)
 ``discoveryInterval``  30s           how often tables newly matching ``tables`` are looked for
 ``connectTimeout``     10s           connection timeout
+``schemaChanges``      stop          a table's schema changing in the log: ``stop`` ends the
+                                     query after the batches before the change, with the new
+                                     schema recorded in ``stateDir`` for the restart;
+                                     ``fail`` fails it without recording (no ``stateDir``:
+                                     ``fail``)
 =====================  ============  ==========================================================
 """
 
@@ -36,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from splitflow.api.options import check_names, parse_duration, parse_positive_int
+from splitflow.connectors.cdc.changes import parse_schema_changes
 from splitflow.connectors.cdc.chunks import parse_chunk_keys
 from splitflow.errors import ConfigurationError
 
@@ -57,6 +63,7 @@ OPTIONS = (
     "publicationName",
     "discoveryInterval",
     "connectTimeout",
+    "schemaChanges",
 )
 """The connector's option names, as documented (any case is accepted)."""
 
@@ -76,6 +83,7 @@ class PostgresOptions:
     slot: str = ""
     publication: str = ""
     discovery_interval: float = 30.0
+    schema_changes: str = "stop"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], known: set[str] | None = None) -> PostgresOptions:
@@ -160,6 +168,7 @@ class PostgresOptions:
             discovery_interval=parse_duration(
                 "discoveryInterval", get("discoveryinterval") or "30s", above_zero=True
             ),
+            schema_changes=parse_schema_changes(get("schemachanges")),
         )
 
     def check_streaming(self) -> None:

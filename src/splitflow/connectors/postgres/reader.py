@@ -46,6 +46,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from splitflow.api.reader import SourceReader, SourceReaderContext
+from splitflow.connectors.cdc import changes
 from splitflow.connectors.cdc import reader as cdc_reader
 from splitflow.connectors.cdc.reader import CdcEmitter, CdcReader, LogRead, Piece, Pinned
 from splitflow.connectors.cdc.schema import OutputSchema
@@ -61,7 +62,7 @@ from splitflow.connectors.postgres.splits import (
     mark_of,
 )
 from splitflow.connectors.postgres.types import ColumnType, to_arrow
-from splitflow.errors import ConnectorError, DataLossError
+from splitflow.errors import ConnectorError, DataLossError, SchemaChangedError
 
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
@@ -235,7 +236,14 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
             conn.execute("SELECT txid_current()")
         self._check_slot(conn, split, start)
         marks = [mark_of(m) for m in split.marks]
-        pieces = LogDecoder(self._schema, marks, self._table_of).read(
+        decoder = LogDecoder(
+            self._schema,
+            marks,
+            self._table_of,
+            self._describe_relation,
+            self._options.schema_changes == "stop",
+        )
+        pieces = decoder.read(
             self._log_connection(), self._options.slot, self._options.publication, start, stop
         )
         return LogRead(pieces, stop)
@@ -277,6 +285,12 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
         """The description of ``table`` (a table found later: from the server)."""
         return self._source.table(table, self._connection())
 
+    def _describe_relation(
+        self, described: catalog.Table, relation: pgoutput.Relation
+    ) -> catalog.Table:
+        columns = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
+        return catalog.describe_relation(self._connection(), described, relation.oid, columns)
+
     def _written_to(self, conn: psycopg.Connection[Any], insert: int) -> int:
         """Where the last WAL record before the insert position ``insert`` ends.
 
@@ -310,6 +324,11 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
             self._adbc = None
 
 
+Rows = dict[tuple[str, tuple[str, ...]], list[tuple[str, int, Any, list[Any]]]]
+"""A piece's changes by table and the columns they were written with: ``(op, lsn,
+commit time, values)``."""
+
+
 class LogDecoder:
     """Turns the slot's pgoutput messages of a slice into pieces of rows, one or more whole
     transactions per piece, leaving out the changes chunks already held."""
@@ -319,12 +338,17 @@ class LogDecoder:
         schema: OutputSchema[ColumnType],
         marks: Sequence[ChunkMark],
         table_of: Callable[[str], catalog.Table],
+        describe: Callable[[catalog.Table, pgoutput.Relation], catalog.Table],
+        stop: bool,
     ) -> None:
         self._schema = schema
         self._table_of = table_of  # table -> its key and chunk key
+        self._describe = describe  # a table as a Relation message writes it
+        self._stop = stop  # schemaChanges=stop
         self._filter = ChunkFilter(marks)
         self._relations: dict[int, pgoutput.Relation] = {}
         self._converters: dict[int, list[ColumnType]] = {}
+        self._checked: set[int] = set()  # relations whose schema is the query's
 
     def read(
         self, conn: psycopg.Connection[Any], slot: str, publication: str, start: int, stop: int
@@ -346,7 +370,8 @@ class LogDecoder:
         nothing else meanwhile. The changes of transactions outside the slice (between the
         slot's restart point and ``start``) are skipped without being decoded.
         """
-        rows: dict[int, list[tuple[str, int, Any, list[Any]]]] = {}
+        rows: Rows = {}
+        pending: Rows = {}  # the transaction's, until its commit
         count = size = 0  # rows and bytes of messages in the piece
         keep = False
         begin: pgoutput.Begin | None = None
@@ -372,7 +397,11 @@ class LogDecoder:
                         elif isinstance(message, pgoutput.Relation):
                             self._relations[message.oid] = message
                             self._converters.pop(message.oid, None)
+                            self._checked.discard(message.oid)
                         elif isinstance(message, pgoutput.Commit):
+                            for key, changes in pending.items():
+                                rows.setdefault(key, []).extend(changes)
+                            pending = {}
                             full = count >= ROWS_PER_BATCH or size >= PIECE_BYTES
                             if keep and full and message.commit_lsn + 1 < stop:
                                 yield Piece(self._batches(rows), message.commit_lsn + 1)
@@ -385,7 +414,11 @@ class LogDecoder:
                                 message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete
                             )
                         ):
-                            count += self._change(message, begin, rows)
+                            cut = self._schema_change(message.relation_oid, begin, start)
+                            if cut is not None:  # the slice ends before this transaction
+                                yield Piece(self._batches(rows), begin.final_lsn, cut=cut)
+                                return
+                            count += self._change(message, begin, pending)
                             size += len(data)
                     if len(page) < wanted:
                         break
@@ -405,7 +438,7 @@ class LogDecoder:
         self,
         message: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
         begin: pgoutput.Begin,
-        rows: dict[int, list[tuple[str, int, Any, list[Any]]]],
+        rows: Rows,
     ) -> int:
         relation = self._relations[message.relation_oid]
         table = f"{relation.namespace}.{relation.name}"
@@ -440,7 +473,7 @@ class LogDecoder:
             converted = self._convert(relation, table, values)
             key = None if chunk_key is None else converted[chunk_key]
             if not self._filter.already_read(table, key, begin.xid, begin.final_lsn):
-                rows.setdefault(relation.oid, []).append(
+                rows.setdefault((table, tuple(names)), []).append(
                     (op, begin.final_lsn, begin.commit_ts, converted)
                 )
                 emitted += 1
@@ -460,23 +493,59 @@ class LogDecoder:
             for kind, raw in zip(kinds, values, strict=True)
         ]
 
-    def _batches(
-        self, rows: dict[int, list[tuple[str, int, Any, list[Any]]]]
-    ) -> list[pa.RecordBatch]:
+    def _schema_change(
+        self, oid: int, begin: pgoutput.Begin, start: int
+    ) -> changes.SchemaChange | None:
+        """The change to cut the slice at, when the log writes ``oid``'s table otherwise
+        than the query describes it (see :mod:`splitflow.connectors.cdc.changes`); checked
+        once per Relation message. A change no restart can follow, or any with
+        ``schemaChanges=fail``, raises :class:`~splitflow.errors.SchemaChangedError`.
+
+        At the slice's start there is nothing before the change to cut off: the slice
+        starts where an earlier read of the log cut it, after a restart with the new
+        schema; a transaction that changed rows of the table before altering it is read
+        under the new schema (a column it dropped fails the read, naming it)."""
+        if oid in self._checked:
+            return None
+        relation = self._relations[oid]
+        table = f"{relation.namespace}.{relation.name}"
+        described = self._table_of(table)
+        written = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
+        if written == [(n, k.type_oid, k.type_modifier) for n, k in described.columns]:
+            self._checked.add(oid)
+            return None
+        new = self._describe(described, relation)
+        difference = changes.difference(described, new)
+        problem = difference.problem(described) if difference else None
+        at = format_lsn(begin.final_lsn)
+        if difference and (problem or not self._stop):
+            raise SchemaChangedError(
+                f"table {table}'s schema changed at log position {at}: {difference}; "
+                + (f"{problem}: no restart can follow it" if problem else "schemaChanges=fail")
+                + ": read the table again in a new query (new checkpoint and stateDir)",
+                table=table,
+                old=changes.columns_shown(described),
+                new=changes.columns_shown(new),
+                position=at,
+                recorded=False,
+            )
+        if not difference or begin.final_lsn <= start:
+            self._checked.add(oid)
+            return None
+        return changes.SchemaChange(table, begin.final_lsn, at, new)
+
+    def _batches(self, rows: Rows) -> list[pa.RecordBatch]:
         batches = []
-        for oid, changes in rows.items():
-            relation = self._relations[oid]
-            table = f"{relation.namespace}.{relation.name}"
-            names = [c.name for c in relation.columns]
-            columns = to_arrow([c[3] for c in changes], [self._schema.columns[n] for n in names])
+        for (table, names), items in rows.items():
+            columns = to_arrow([c[3] for c in items], [self._schema.columns[n] for n in names])
             batches += self._schema.batches(
                 table,
                 names,
                 columns,
-                len(changes),
-                [c[0] for c in changes],
-                [c[1] for c in changes],
-                [c[2] for c in changes],
+                len(items),
+                [c[0] for c in items],
+                [c[1] for c in items],
+                [c[2] for c in items],
             )
         return batches
 

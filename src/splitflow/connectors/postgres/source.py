@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from splitflow.api.enumerator import SplitEnumeratorContext
 from splitflow.api.reader import SourceReader, SourceReaderContext
+from splitflow.connectors.cdc.changes import SchemaRecord, StateFile
 from splitflow.connectors.cdc.source import CdcEnumerator as CoreEnumerator
 from splitflow.connectors.cdc.source import CdcSource
 from splitflow.connectors.postgres import catalog
@@ -38,6 +39,7 @@ from splitflow.connectors.postgres.splits import (
     ChunkSplit,
     LogSplit,
 )
+from splitflow.connectors.postgres.types import ColumnType, TypeMapping
 from splitflow.errors import DataLossError
 
 log = logging.getLogger("splitflow.postgres")
@@ -179,6 +181,9 @@ class PostgresCdcSource(CdcSource[PostgresOptions, Table]):
     def describe(self, conn: Any, name: str) -> Table:
         return catalog.describe_table(conn, name, self.options)
 
+    def schema_record_in(self, file: StateFile) -> SchemaRecord:
+        return SchemaRecord(file, Table, _encode_type, _decode_type)
+
     def enumerator(
         self, context: SplitEnumeratorContext[CdcSplit], state: CdcState | None
     ) -> CdcEnumerator:
@@ -192,3 +197,12 @@ class PostgresCdcSource(CdcSource[PostgresOptions, Table]):
     def create_read_pinner(self) -> SnapshotPinner:
         """One snapshot per batch that reads chunks (:mod:`.pinning`)."""
         return SnapshotPinner(self.options)
+
+
+def _encode_type(kind: ColumnType) -> list[Any]:
+    return [kind.type_oid, kind.type_modifier, kind.type_name]
+
+
+def _decode_type(table: str, column: str, data: list[Any]) -> ColumnType:
+    oid, modifier, name = data
+    return TypeMapping.for_column(table, column, int(oid), int(modifier), str(name))
