@@ -16,9 +16,15 @@ from tests.reader.fakes import (
     ScriptedSplitReader,
     by_split,
     read,
+    read_until_idle,
 )
 
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent, SplitsRemovedEvent
+from splitflow.api.events import (
+    SliceEndedEvent,
+    SourceEvent,
+    SplitsFinishedEvent,
+    SplitsRemovedEvent,
+)
 from splitflow.api.reader import InputStatus, ReaderOutput
 from splitflow.api.split import SplitState
 from splitflow.errors import ConfigurationError, ContractViolation, SplitOwnershipError
@@ -432,6 +438,29 @@ def test_split_reported_finished_before_its_stop_is_a_contract_violation(
     with pytest.raises(ContractViolation, match="'a' finished at position 3, but its slice stops"):
         reader.poll_next(ListOutput())
     reader.close()
+
+
+def test_a_slice_cut_before_its_stop_finishes_and_tells_where_it_ended(
+    new_reader: NewReader,
+) -> None:
+    class CutsEarly(ScriptedSplitReader):
+        def fetch(self):  # type: ignore[no-untyped-def]
+            batch = super().fetch()
+            batch.mark_cut("a")
+            return batch
+
+    catalog = SequenceCatalog({"a": 9})
+    context = RecordingContext()
+    reader = SourceReaderBase(lambda: CutsEarly(catalog, Script()), PositionedEmitter(), context)
+    reader.add_splits([SequenceSplit("a")], stop_at={"a": 8})
+    output = ListOutput()
+    read_until_idle(reader, output)
+    reader.close()
+
+    assert [e for e in context.events if isinstance(e, SliceEndedEvent)] == [
+        SliceEndedEvent("a", 3)
+    ]
+    assert context.finished_ids() == []  # the split did not end
 
 
 def test_split_reader_returning_a_split_it_does_not_hold_is_a_contract_violation(

@@ -91,7 +91,7 @@ class Difference:
         narrowed = [f"{c} {a} to {b}" for c, a, b in self.retyped if not widens(a, b)]
         if narrowed:
             return f"a type change that is not a widening ({', '.join(narrowed)})"
-        lost = [c for c in (*old.key, old.chunk_key) if c and c in self.dropped]
+        lost = [c for c in dict.fromkeys((*old.key, old.chunk_key)) if c in self.dropped]
         if lost:
             return f"key column {', '.join(lost)} dropped"
         return None
