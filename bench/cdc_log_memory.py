@@ -1,7 +1,7 @@
 """Memory of a task that reads a large slice of the CDC log: streamed piece by piece (now)
 vs the whole slice held before it is emitted (before), side by side in one script.
 
-A throw-away PostgreSQL 15 on loopback (``tests.support.postgres``) holds a table of 2,000
+A throw-away PostgreSQL 15 on loopback (``splitflow.testing.postgres``) holds a table of 2,000
 rows (``id bigint`` primary key, ``version int``, a 1,792-character ``payload``), a
 publication and a ``pgoutput`` slot made before any change. A connection then updates a
 quarter of the rows per transaction (500 rows, ``version + 1`` and a new ``payload``) until
@@ -194,7 +194,7 @@ def main() -> None:
     wal = args.wal or (40 if args.quick else 200)
     rounds = args.rounds or (1 if args.quick else 2)
 
-    from tests.support.postgres import Postgres
+    from splitflow.testing.postgres import Postgres
 
     print(f"$ python bench/cdc_log_memory.py {' '.join(sys.argv[1:])}")
     pg = Postgres.start(Path(tempfile.mkdtemp(prefix="splitflow-bench-log-")))

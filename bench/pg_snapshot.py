@@ -1,7 +1,7 @@
 """Snapshot rows per second from PostgreSQL: splitflow-postgres-cdc vs Spark's JDBC read,
 then the log's end-to-end latency.
 
-A throw-away PostgreSQL 15 on loopback (``tests.support.postgres``) holds one table of N rows
+A throw-away PostgreSQL 15 on loopback (``splitflow.testing.postgres``) holds one table of N rows
 (``id bigint`` primary key, an ``int``, a 20-character ``text``, a ``numeric(12,2)`` and a
 ``timestamptz``), filled with ``generate_series`` and vacuumed before anything is timed. One
 ``local[2]`` session reads the whole table with three readers, alternating over several
@@ -63,9 +63,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, tests.spark
 
 import pyarrow as pa
-from tests.support.postgres import Postgres
 
 from _snapshot import CPU_HEADER, ServerCpu, Timed, local_session, noop_rows, report, run_rounds
+from splitflow.testing.postgres import Postgres
 
 TARGET = 0.8
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")

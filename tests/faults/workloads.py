@@ -398,9 +398,9 @@ class CdcDatabase(ABC):
     kinds: tuple[str, ...] = ("db-restart",)
     """Its faults: ``db-restart`` (the server stopped and started again, see
     :meth:`restart`) and those :meth:`inject` applies."""
-    secret = "s3cret-pw"  # both test servers' password (tests.support.postgres, .mariadb)
+    secret = "s3cret-pw"  # both test servers' password (splitflow.testing.postgres, .mariadb)
     server: Any = None
-    """The running server (``tests.support.postgres.Postgres``, ``.mariadb.MariaDB``)."""
+    """The running server (``splitflow.testing.postgres.Postgres``, ``.mariadb.MariaDB``)."""
 
     @abstractmethod
     def start(self, data: Path, table: str, rows: int) -> None:
@@ -439,14 +439,14 @@ class CdcDatabase(ABC):
 
 
 class PostgresCdc(CdcDatabase):
-    """``splitflow-postgres-cdc`` on ``tests.support.postgres``; ``db-restart`` stops it
+    """``splitflow-postgres-cdc`` on ``splitflow.testing.postgres``; ``db-restart`` stops it
     fast (``pg_ctl -m fast``)."""
 
     name = "cdc"  # the first CDC workload's name, kept: it seeds the recorded schedules
     source = "splitflow-postgres-cdc"
 
     def start(self, data: Path, table: str, rows: int) -> None:
-        from tests.support.postgres import Postgres
+        from splitflow.testing.postgres import Postgres
 
         self.server = Postgres.start(data)
         self.server.execute(

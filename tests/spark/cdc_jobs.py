@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 from tests.spark.support import Job, log_ids, wait_until
-from tests.support.postgres import Postgres
+
+from splitflow.testing.postgres import Postgres
 
 ROWS = 3000
 OPTIONS = {"chunkSize": "250", "maxChunksPerBatch": "2", "discoveryInterval": "1s"}

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from tests.spark.support import log_ids, reported_splits, wait_until
-from tests.support.postgres import Postgres, postgres_fixture
 
 from splitflow.spark.limits import MaxBytes
 from splitflow.spark.options import RuntimeOptions
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 DEFAULT = 64 * 1024 * 1024
 WAL = 200 * 1024 * 1024

@@ -27,7 +27,8 @@ from tests.spark.cdc_jobs import (
 )
 from tests.spark.support import Job, log_ids
 from tests.support.cdc import Writer, table_rows
-from tests.support.postgres import Postgres, postgres_fixture
+
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 deltalake = pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")

@@ -35,7 +35,8 @@ import pytest
 from tests.spark.jobs import ForeachBatchSink
 from tests.spark.support import log_position, wait_until
 from tests.support.cdc import batch_folders_in_order
-from tests.support.postgres import DATABASE, PASSWORD, USER, Postgres, postgres_fixture
+
+from splitflow.testing.postgres import DATABASE, PASSWORD, USER, Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 

@@ -45,7 +45,8 @@ from tests.support.cdc import (
     sink_in_batch_order,
     table_rows,
 )
-from tests.support.postgres import Postgres, postgres_fixture
+
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 

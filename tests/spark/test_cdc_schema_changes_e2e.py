@@ -28,7 +28,8 @@ import pytest
 from tests.spark.cdc_jobs import ROWS, applied, finish, job_args, make_table, postgres_log
 from tests.spark.support import Job, wait_until
 from tests.support.cdc import Writer, batch_folders, replay
-from tests.support.postgres import Postgres, postgres_fixture
+
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 deltalake = pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")

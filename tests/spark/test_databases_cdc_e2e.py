@@ -158,7 +158,7 @@ def db(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Database]:
     if request.param == "postgres":
-        from tests.support.postgres import postgres_fixture
+        from splitflow.testing.postgres import postgres_fixture
 
         for server in postgres_fixture(tmp_path_factory):
             yield PostgresDb(server)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from tests.spark.support import reported_splits, wait_until
 from tests.support.cdc import Writer
-from tests.support.postgres import Postgres, postgres_fixture
+
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 pytestmark = pytest.mark.slow
 

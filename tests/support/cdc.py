@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from tests.support.postgres import Postgres
 
 from splitflow.job.pipeline import committed_output_files
+from splitflow.testing.postgres import Postgres
 
 
 class ChangeWriter(threading.Thread):

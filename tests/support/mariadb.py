@@ -36,7 +36,7 @@ With ``tmpfs=False`` (or no ``/dev/shm``) they live in ``<directory>/mariadb`` w
 ``mysql`` user can reach it, else in a fresh ``/tmp/splitflow-mariadb-*`` (pytest's
 ``/tmp/pytest-of-root`` is mode 0700). The server log is always ``<directory>/mariadb.log``.
 What both test servers share (directories, port retries, the watchdog, stopping) is
-:mod:`tests.support.dbserver`'s.
+:mod:`splitflow.testing.dbserver`'s.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from tests.support.dbserver import LoopbackServer, as_root
-from tests.support.dbserver import free_port as free_port  # the tests' import
+from splitflow.testing.dbserver import LoopbackServer, as_root
+from splitflow.testing.dbserver import free_port as free_port  # the tests' import
 
 USER = "splitflow"
 PASSWORD = "s3cret-pw"

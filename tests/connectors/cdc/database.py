@@ -25,16 +25,16 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
-from tests.support.dbserver import LoopbackServer
 
 from splitflow.api.events import SourceEvent
 from splitflow.api.reader import InputStatus
 from splitflow.connectors.cdc.source import CdcSource
 from splitflow.connectors.cdc.splits import ChunkSplit
 from splitflow.reader.output import Collector, RecordingReaderContext
+from splitflow.testing.dbserver import LoopbackServer
 
 ServerT = TypeVar("ServerT", bound=LoopbackServer)
-"""The database's throw-away server (``tests.support.postgres.Postgres``, ...)."""
+"""The database's throw-away server (``splitflow.testing.postgres.Postgres``, ...)."""
 
 AnyCdcSource = CdcSource[Any, Any]
 

@@ -1,11 +1,12 @@
-"""The PostgreSQL tests' server: one per test session (see ``tests/support/postgres.py``)."""
+"""The PostgreSQL tests' server: one per test session (``splitflow.testing.postgres``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from tests.support.postgres import Postgres, postgres_fixture
+
+from splitflow.testing.postgres import Postgres, postgres_fixture
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.postgres import PASSWORD, Postgres, free_port
 from tests.support.schema import ddl
 
 from splitflow.connectors.postgres import catalog
@@ -23,6 +22,7 @@ from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import LogSplit
 from splitflow.errors import ConfigurationError, ConnectorError, DataLossError, SourceFailedError
 from splitflow.testing.harness import SourceHarness
+from splitflow.testing.postgres import PASSWORD, Postgres, free_port
 
 _names = itertools.count()
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from tests.connectors.cdc.contract_suite import InitialCdcContracts, SnapshotOnlyCdcContracts
 from tests.connectors.postgres.test_cdc_harness import PostgresUnderTest
-from tests.support.postgres import Postgres
+
+from splitflow.testing.postgres import Postgres
 
 
 @pytest.fixture

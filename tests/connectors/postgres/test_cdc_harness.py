@@ -24,13 +24,13 @@ from tests.connectors.cdc.harness_suite import (
     rows_with_a_late_table,
     step,
 )
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import ChunkSplit, LogSplit
 from splitflow.testing.harness import SourceHarness
+from splitflow.testing.postgres import Postgres
 
 
 def load(postgres: Postgres, **options: str) -> PostgresCdcSource:

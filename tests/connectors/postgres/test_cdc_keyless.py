@@ -25,11 +25,11 @@ from tests.connectors.cdc.database import (
     table_now,
 )
 from tests.connectors.postgres.test_cdc_harness import PostgresUnderTest
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.splits import ChunkSplit, LogSplit
 from splitflow.testing.harness import SourceHarness
+from splitflow.testing.postgres import Postgres
 
 HISTORY = "(tid int, bid int, aid int, delta int, mtime timestamp, filler char(22))"
 COLUMNS = ("tid", "bid", "aid", "delta", "mtime", "filler")

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres import reader as reader_module
@@ -26,6 +25,7 @@ from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import ChunkMark, LogSplit, mark_tuple
 from splitflow.errors import DataLossError
 from splitflow.reader.split_reader import SplitSlice
+from splitflow.testing.postgres import Postgres
 
 _names = itertools.count()
 

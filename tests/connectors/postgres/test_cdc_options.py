@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from tests.support.postgres import PASSWORD, Postgres
 from tests.support.schema import ddl
 
 from splitflow.connectors.postgres.catalog import Table
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.errors import ConfigurationError
+from splitflow.testing.postgres import PASSWORD, Postgres
 
 SECRET = "hunter2-Zq9"
 CONNINFO = f"host=db.example port=6543 user=alice password={SECRET} dbname=shop"

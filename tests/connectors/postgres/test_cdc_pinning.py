@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from tests.connectors.cdc.database import read_slice
 from tests.connectors.postgres.test_cdc_harness import load
-from tests.support.postgres import Postgres
 
 from splitflow.api.events import SourceEvent
 from splitflow.connectors.postgres.pinning import BatchSnapshot, SnapshotPinner
 from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import ChunkReadEvent, ChunkSplit, LogSplit
 from splitflow.errors import ConnectorError
+from splitflow.testing.postgres import Postgres
 
 TABLE = "pinned_orders"
 

@@ -11,10 +11,10 @@ import pytest
 import tests.connectors.cdc.harness_suite as h
 from tests.connectors.cdc.database import Case, Writer, make_table, table_now
 from tests.connectors.postgres.test_cdc_harness import PostgresUnderTest
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres.splits import ChunkSplit, LogSplit
 from splitflow.testing.harness import SourceHarness
+from splitflow.testing.postgres import Postgres
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 import pytest
 from tests.connectors.postgres.test_cdc_log_streaming import Log, ids
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.cdc.changes import SchemaChange, SchemaRecord, difference
 from splitflow.connectors.postgres import catalog, pgoutput
@@ -26,6 +25,7 @@ from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.connectors.postgres.splits import LogSplit
 from splitflow.errors import SchemaChangedError
 from splitflow.reader.split_reader import SplitSlice
+from splitflow.testing.postgres import Postgres
 
 
 class MemoryFile:

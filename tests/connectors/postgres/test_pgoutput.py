@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres.pgoutput import (
     UNCHANGED_TOAST,
@@ -30,6 +29,7 @@ from splitflow.connectors.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
+from splitflow.testing.postgres import Postgres
 
 _names = itertools.count()
 

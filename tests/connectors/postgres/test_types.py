@@ -11,11 +11,11 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from tests.support.postgres import Postgres
 
 from splitflow.connectors.postgres.pgoutput import Insert, Relation, decode
 from splitflow.connectors.postgres.types import ColumnType, TypeMapping, adapters, to_arrow
 from splitflow.errors import ConfigurationError
+from splitflow.testing.postgres import Postgres
 
 COLUMNS = """
     id int PRIMARY KEY, i2 smallint, i8 bigint, f4 real, f8 double precision,

@@ -24,7 +24,7 @@ pytest's ``/tmp/pytest-of-root`` is mode 0700, so as root it usually lives in a 
 ``/tmp/splitflow-pg-*`` directory instead (linked from ``<directory>/pg``, removed by
 :meth:`Postgres.stop`). The server log is always ``<directory>/postgres.log``. What both
 test servers share (directories, port retries, the watchdog, stopping) is
-:mod:`tests.support.dbserver`'s.
+:mod:`splitflow.testing.dbserver`'s.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tests.support.dbserver import LoopbackServer
-from tests.support.dbserver import free_port as free_port  # the tests' import
+from splitflow.testing.dbserver import LoopbackServer
+from splitflow.testing.dbserver import free_port as free_port  # the tests' import
 
 USER = "splitflow"
 PASSWORD = "s3cret-pw"
@@ -305,5 +305,5 @@ def postgres_fixture(tmp_path_factory: Any) -> Iterator[Postgres]:
     yield from Postgres.session_fixture(tmp_path_factory)
 
 
-if __name__ == "__main__":  # python -m tests.support.postgres: start one, print its conninfo
+if __name__ == "__main__":  # python -m splitflow.testing.postgres: start one, print its conninfo
     Postgres.main()

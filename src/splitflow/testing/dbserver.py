@@ -1,6 +1,6 @@
 """What the throw-away database servers of the tests share: :class:`LoopbackServer`.
 
-:mod:`tests.support.postgres` and :mod:`tests.support.mariadb` each start a server from its
+:mod:`splitflow.testing.postgres` and :mod:`tests.support.mariadb` each start a server from its
 Debian package on ``127.0.0.1`` at a free port, for one test session or one benchmark. Both
 refuse to run as root, so as root the server runs as its package's system user
 (:attr:`LoopbackServer.system_user`). Both keep their data directory in a ``base``
