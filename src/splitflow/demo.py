@@ -53,9 +53,16 @@ DEFAULT_WORK_DIR = "splitflow-demo"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--cdc",
+        action="store_true",
+        help="the CDC form: a local PostgreSQL's pgbench tables mirrored into Delta tables "
+        "(splitflow.demo_cdc)",
+    )
+    parser.add_argument(
         "--work-dir",
-        default=DEFAULT_WORK_DIR,
-        help=f"landing, output, checkpoint and state live here (default ./{DEFAULT_WORK_DIR})",
+        default=None,
+        help=f"landing, output, checkpoint and state live here (default ./{DEFAULT_WORK_DIR}; "
+        "with --cdc ./splitflow-demo-cdc)",
     )
     parser.add_argument(
         "--duration",
@@ -91,9 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plain", action="store_true", help="plain progress lines even on a terminal"
     )
+    from splitflow.demo_cdc import add_arguments as add_cdc_arguments
+
+    add_cdc_arguments(parser.add_argument_group("--cdc"))
 
 
-class _StopSignal:
+class StopSignal:
     """Ctrl-C and SIGTERM ask for a clean stop; a second Ctrl-C stops at once."""
 
     def __init__(self) -> None:
@@ -118,7 +128,11 @@ class _StopSignal:
 
 def run(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     """Run the main job until a signal or ``args.duration``; returns the exit code."""
-    layout = Layout(Path(args.work_dir).resolve())
+    if args.cdc:
+        from splitflow.demo_cdc import run as run_cdc
+
+        return run_cdc(args, echo)
+    layout = Layout(Path(args.work_dir or DEFAULT_WORK_DIR).resolve())
     resumed = (layout.checkpoint / "offsets").is_dir()
     settings = PipelineSettings(
         window=args.window,
@@ -142,7 +156,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     echo(f"producer run {producer.stats.run}: {backlog} files waiting in {layout.landing}")
     echo("starting Spark (local[2]) ...")
     spark = start_session()
-    stop = _StopSignal()
+    stop = StopSignal()
     stop.install()  # after the session: SparkContext installs a SIGINT handler of its own
     failure: str | None = None
     try:
@@ -177,7 +191,7 @@ def _follow(
     query: Any,
     view: JobView,
     output: OutputCounter,
-    stop: _StopSignal,
+    stop: StopSignal,
     deadline: float | None,
     live: bool,
     echo: Callable[[str], None],

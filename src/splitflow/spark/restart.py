@@ -31,6 +31,7 @@ def run_restarting(
     *,
     max_restarts: int | None = None,
     wait: Callable[[Any], None] | None = None,
+    on_restart: Callable[[BaseException], None] | None = None,
 ) -> Any:
     """Start the query ``build_query()`` returns (a ``StreamingQuery``, started), wait for
     it to end, and when it failed with one of ``on`` start a new one; return the query
@@ -41,8 +42,8 @@ def run_restarting(
     error, or more than ``max_restarts`` restarts, raises the query's
     ``StreamingQueryException``. ``wait``: waits for the query to end (default
     ``query.awaitTermination()``), e.g. a loop that also watches its progress and may
-    ``stop()`` it. Spark passes a Python error to the driver as text: it is matched by
-    the class's name.
+    ``stop()`` it. ``on_restart``: called with the error before each restart. Spark
+    passes a Python error to the driver as text: it is matched by the class's name.
     """
     classes = on if isinstance(on, tuple) else (on,)
     restarts = 0
@@ -63,6 +64,8 @@ def run_restarting(
         ):
             raise error
         restarts += 1
+        if on_restart is not None:
+            on_restart(error)
         log.warning(
             "splitflow: restarting the query (restart %d): %s", restarts, _first_line(error)
         )

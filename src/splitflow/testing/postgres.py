@@ -102,6 +102,7 @@ class Postgres(LoopbackServer):
         self.pid_file = self.data / "postmaster.pid"
         self.settings: dict[str, str] = {}
         self._running = False
+        self._kept = False  # start(keep=True): stopped cleanly, its data left
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -115,16 +116,30 @@ class Postgres(LoopbackServer):
         directory: Path,
         settings: Mapping[str, str] | None = None,
         timeout: float = 60.0,
+        *,
+        keep: bool = False,
     ) -> Postgres:
         """initdb a new cluster under ``directory``, start it, create role and database.
 
         ``settings`` are extra ``postgresql.conf`` settings (over :data:`BASE_SETTINGS`).
         Takes about 1 s (initdb); raises RuntimeError with the log's tail on failure.
+        ``keep``: the cluster outlives the server (:meth:`stop` shuts it down cleanly and
+        leaves its data), and a later start with ``keep`` on the same ``directory`` starts
+        it again as it was left.
         """
         bin_dir = postgres_bin_dir()
         if bin_dir is None:
             raise RuntimeError("no PostgreSQL server in /usr/lib/postgresql/*/bin")
+        kept = Path(directory).resolve() / cls.base_name
+        if keep and (kept / "data" / "PG_VERSION").exists():
+            server = cls(bin_dir, kept.parent, kept.resolve(), owns_base=False)
+            server._kept = True
+            with server._stop_on_failure():
+                server._start(dict(settings or {}), timeout, new_port=True)
+            return server
         with cls(bin_dir, *cls._new_directories(directory))._stop_on_failure() as server:
+            if keep:
+                server._owns_base, server._kept = False, True
             server._initdb(timeout)
             server._start(dict(settings or {}), timeout, new_port=True)
             server._create_role_and_database()
@@ -230,10 +245,11 @@ class Postgres(LoopbackServer):
         return None
 
     def _halt(self) -> None:
-        """``pg_ctl stop -m immediate``; SIGKILL to the postmaster if that fails."""
+        """``pg_ctl stop -m immediate`` (``fast`` for a kept cluster); SIGKILL to the
+        postmaster if that fails."""
         stopped = False
         with suppress(Exception):
-            stopped = self._pg_ctl_stop("immediate", 30)
+            stopped = self._pg_ctl_stop("fast" if self._kept else "immediate", 30)
         if not stopped:
             pid = self._postmaster_pid()
             if pid is not None:
