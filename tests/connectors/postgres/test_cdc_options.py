@@ -87,6 +87,13 @@ def test_bad_startup_mode_names_the_option_and_the_choices() -> None:
     assert message == ("option startupMode must be initial, latest or snapshotOnly, not 'earliest'")
 
 
+def test_bad_schema_changes_names_the_option_and_the_choices() -> None:
+    message = refused("schemaChanges", tables="t", slotName="s1", schemaChanges="evolve")
+    assert message == "option schemaChanges must be stop or fail, not 'evolve'"
+    assert PostgresOptions.parse({"tables": "t"}).schema_changes == "stop"
+    assert PostgresOptions.parse({"tables": "t", "schemaChanges": "FAIL"}).schema_changes == "fail"
+
+
 @pytest.mark.parametrize("mode", ["initial", "latest"])
 def test_slot_name_is_required_when_the_log_is_read(mode: str) -> None:
     for slot in ({}, {"slotName": "  "}):
