@@ -20,9 +20,9 @@ from tests.connectors.postgres.test_cdc_log_streaming import Log, ids
 from splitflow.connectors.cdc.changes import SchemaChange, SchemaRecord, difference
 from splitflow.connectors.postgres import catalog, pgoutput
 from splitflow.connectors.postgres.pgoutput import format_lsn
-from splitflow.connectors.postgres.reader import CdcSplitReader, Pinned
+from splitflow.connectors.postgres.reader import CdcSplitReader, Piece, Pinned
 from splitflow.connectors.postgres.source import PostgresCdcSource
-from splitflow.connectors.postgres.splits import LogSplit
+from splitflow.connectors.postgres.splits import ChunkSplit, LogSplit
 from splitflow.errors import SchemaChangedError
 from splitflow.reader.split_reader import SplitSlice
 from splitflow.testing.postgres import Postgres
@@ -225,3 +225,38 @@ def test_a_type_change_spark_does_not_see_is_read_through(log: Log) -> None:
     altered(log, "ALTER TABLE {t} ALTER COLUMN v TYPE smallint")  # both are Spark's int
 
     assert read_slice(log, log.insert_position()) == ([1, 2, 3], None, False)
+
+
+@pytest.mark.parametrize(
+    ("statement", "change"),
+    [
+        ("ALTER TABLE {t} ADD COLUMN x int", "added x"),
+        ("ALTER TABLE {t} RENAME COLUMN w TO words", "renamed w to words"),
+        ("ALTER TABLE {t} DROP COLUMN w", "dropped w"),
+    ],
+)
+def test_a_chunk_of_a_table_altered_since_the_query_described_it_fails_naming_the_change(
+    log: Log, statement: str, change: str
+) -> None:
+    log.write(transactions=1, rows=3)
+    log.pg.execute(statement.format(t=log.table))
+
+    with pytest.raises(
+        SchemaChangedError, match=rf"changed before the chunk was read \({change}\)"
+    ):
+        read_chunk(log)
+
+
+def test_a_chunk_reads_through_a_type_change_spark_does_not_see(log: Log) -> None:
+    log.write(transactions=1, rows=3)
+    log.pg.execute(f"ALTER TABLE {log.table} ALTER COLUMN v TYPE smallint")
+
+    assert ids([read_chunk(log)]) == [1, 2, 3]
+
+
+def read_chunk(log: Log) -> Piece:
+    split_reader = CdcSplitReader(log.source, Pinned())
+    try:
+        return split_reader.read_chunk(ChunkSplit(f"public.{log.table}", 0, "id"))
+    finally:
+        split_reader.close()

@@ -67,6 +67,12 @@ from splitflow.errors import ConnectorError, DataLossError, SchemaChangedError
 if TYPE_CHECKING:
     from splitflow.connectors.postgres.source import PostgresCdcSource
 
+COLUMNS = (
+    "SELECT attname::text, atttypid::int8, atttypmod::int8 FROM pg_attribute "
+    "WHERE attrelid = {table}::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+)
+"""A table's columns as ``pg_attribute`` has them in the transaction's snapshot."""
+
 REWRITTEN = (
     "SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c "
     "WHERE c.relkind = 'r' AND c.relfilenode <> pg_relation_filenode(c.oid) AND (c.oid = "
@@ -171,6 +177,9 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
                 cursor.execute("SET LOCAL synchronize_seqscans = off")  # rows in one order
                 cursor.execute(query)
                 rows = cursor.fetch_arrow_table()
+                regclass = sql.Literal(catalog.quoted(split.table).as_string()).as_string()
+                cursor.execute(COLUMNS.format(table=regclass))
+                written = [tuple(r) for r in cursor.fetchall()]
                 cursor.execute(
                     REWRITTEN.format(
                         table=sql.Literal(catalog.quoted(split.table).as_string()).as_string()
@@ -185,6 +194,8 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
                 raise ConnectorError(
                     f"chunk {split.split_id}: table {split.table} no longer exists"
                 ) from None
+            if getattr(e, "sqlstate", None) == "42703":  # a column dropped or renamed
+                self._changed_in_snapshot(split, table, None)
             if pinned is not None and getattr(e, "sqlstate", None) == "22023":
                 raise ConnectorError(
                     f"chunk {split.split_id}: {pinned.where} is gone (the driver's transaction "
@@ -208,6 +219,8 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
                     else "restart the query, which reads the batch again under a new snapshot"
                 )
             )
+        if written != [(n, k.type_oid, k.type_modifier) for n, k in table.columns]:
+            self._changed_in_snapshot(split, table, written)
         columns = snapshot.to_columns(rows, table.columns, f"chunk {split.split_id}")
         batches = self._schema.batches(
             split.table, names, columns, rows.num_rows, "r", int(at), None
@@ -216,6 +229,41 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
             split.split_id, split.table, split.lo, split.hi, xmin, xmax, xip, int(high)
         )
         return Piece(batches, 1, mark)
+
+    def _changed_in_snapshot(
+        self,
+        split: ChunkSplit,
+        table: catalog.Table,
+        written: list[tuple[Any, ...]] | None,
+    ) -> None:
+        """The chunk's table is not as the query describes it in the chunk's snapshot (an
+        ``ALTER TABLE`` before the snapshot): the rows would lose what the change holds
+        (an added column's values set since), and the log's changes before the snapshot
+        are left out as the chunk's. Fails the read, unless Spark sees no change (a type
+        change that keeps the Spark type)."""
+        conn = self._connection()
+        name = catalog.quoted(split.table).as_string(conn)
+        if written is None:
+            query = COLUMNS.format(table=sql.Literal(name).as_string(conn))
+            written = [tuple(r) for r in conn.execute(query).fetchall()]
+        row = conn.execute("SELECT %s::regclass::oid::int8", (name,)).fetchone()
+        assert row is not None
+        new = catalog.describe_relation(conn, table, int(row[0]), written)
+        change = changes.difference(table, new)
+        if not change:
+            return
+        raise SchemaChangedError(
+            f"chunk {split.split_id}: table {split.table}'s schema changed before the chunk "
+            f"was read ({change}), during the query's snapshot: the chunks read from then on "
+            "would lose what the change holds. The query cannot go on: read the table in a "
+            "new query (new checkpoint and stateDir); alter a table before its snapshot or "
+            "once its chunks are read (see docs/postgres-cdc.md, Schema changes)",
+            table=split.table,
+            old=changes.columns_shown(table),
+            new=changes.columns_shown(new),
+            position=f"chunk {split.split_id}",
+            recorded=False,
+        )
 
     # -- the log -------------------------------------------------------------------------------
 
