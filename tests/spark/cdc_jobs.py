@@ -136,3 +136,20 @@ def assert_mirrors(table: dict[int, tuple[int, str]], mirror: Path) -> None:
     wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
     shown = dict(list(wrong.items())[:10])
     assert not wrong, f"{len(wrong)} keys differ, as key -> (table, mirror): {shown}"
+
+
+def table_dicts(postgres: Postgres, table: str) -> dict[Any, dict[str, Any]]:
+    """Every row of ``table``, whatever its columns, by its first column (the key)."""
+    with postgres.connect() as conn:
+        cursor = conn.execute(f"SELECT * FROM {table}")
+        names = [d.name for d in cursor.description]
+        return {row[0]: dict(zip(names, row, strict=True)) for row in cursor.fetchall()}
+
+
+def delta_dicts(uri: Path, key: str) -> dict[Any, dict[str, Any]]:
+    """Every row of the Delta table at ``uri``, by ``key`` (read as :func:`mirror_rows`)."""
+    import deltalake
+
+    result = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(uri)))
+    table = pa.table(result.execute("SELECT * FROM t").read_all())
+    return {r[key]: r for r in table.to_pylist()}

@@ -20,14 +20,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.spark.cdc_jobs import ROWS, applied, finish, job_args, make_table, postgres_log
+from tests.spark.cdc_jobs import (
+    ROWS,
+    applied,
+    delta_dicts,
+    finish,
+    job_args,
+    make_table,
+    postgres_log,
+    table_dicts,
+)
 from tests.spark.support import Job, wait_until
-from tests.support.cdc import Writer, batch_folders, replay
+from tests.support.cdc import Writer, batch_folders, batch_rows, replay
 
 from splitflow.testing.postgres import Postgres, postgres_fixture
 
@@ -119,16 +126,16 @@ def test_a_mirror_follows_a_schema_change_through_a_restart_and_a_crash(
     assert writer.changes > 100, "the writer made too few changes to test anything"
     assert applied(run2)[0] == (killed, True), run2.lines  # the replay is skipped
 
-    source = source_rows(postgres, table)
+    source = table_dicts(postgres, table)
     delta = deltalake.DeltaTable(str(mirror))
     assert {f.name: f.type.type for f in delta.schema().fields} == columns
-    got = mirror_rows(delta)
+    got = delta_dicts(mirror, "id")
     wrong = {k: (source.get(k), got.get(k)) for k in source.keys() | got.keys()}
     wrong = {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
     assert not wrong, f"{len(wrong)} keys differ: {dict(list(wrong.items())[:5])}"
 
     batches = [
-        ([(c.name, str(c.type)) for c in pq.read_schema(next(f.glob("*.parquet")))], rows(f))
+        ([(c.name, str(c.type)) for c in pq.read_schema(next(f.glob("*.parquet")))], batch_rows(f))
         for f in batch_folders(history).values()
         if any(f.glob("*.parquet"))
     ]
@@ -145,23 +152,3 @@ def test_a_mirror_follows_a_schema_change_through_a_restart_and_a_crash(
 
     record = json.loads((tmp_path / "state" / "cdc-schema.json").read_text())
     assert [c["table"] for c in record["changes"]] == [f"public.{table}"]
-
-
-def rows(folder: Path) -> list[dict[str, Any]]:
-    """A history batch's rows, by ``lsn``."""
-    found = [
-        r for path in sorted(folder.glob("*.parquet")) for r in pq.read_table(path).to_pylist()
-    ]
-    return sorted(found, key=lambda r: r["lsn"])
-
-
-def source_rows(postgres: Postgres, table: str) -> dict[int, dict[str, Any]]:
-    with postgres.connect() as conn:
-        cursor = conn.execute(f"SELECT * FROM {table}")
-        names = [d.name for d in cursor.description]
-        return {row[0]: dict(zip(names, row, strict=True)) for row in cursor.fetchall()}
-
-
-def mirror_rows(delta: Any) -> dict[int, dict[str, Any]]:
-    result = deltalake.QueryBuilder().register("t", delta).execute("SELECT * FROM t")
-    return {r["id"]: r for r in pa.table(result.read_all()).to_pylist()}

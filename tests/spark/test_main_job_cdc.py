@@ -15,14 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
+from tests.spark.cdc_jobs import delta_dicts, table_dicts
 from tests.spark.support import REPO_ROOT, spark_env
 
 from splitflow.testing.postgres import Postgres
 
 pytestmark = pytest.mark.slow
-deltalake = pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")
+pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 
@@ -66,12 +66,6 @@ def test_the_cdc_main_job_mirrors_four_tables_through_a_schema_change_and_a_resu
 
     with Postgres.start(work, keep=True) as pg:  # the job's database, as the runs left it
         for table, key in zip(TABLES, ("aid", "bid", "tid", "hid"), strict=True):
-            with pg.connect() as conn:
-                cursor = conn.execute(f"SELECT * FROM {table}")
-                names = [d.name for d in cursor.description]
-                rows = {r[0]: dict(zip(names, r, strict=True)) for r in cursor.fetchall()}
-            delta = deltalake.DeltaTable(str(work / "mirror" / table))
-            result = deltalake.QueryBuilder().register("t", delta).execute("SELECT * FROM t")
-            mirror = {r[key]: r for r in pa.table(result.read_all()).to_pylist()}
-            assert mirror == rows, table
+            rows = table_dicts(pg, table)
+            assert delta_dicts(work / "mirror" / table, key) == rows, table
             assert rows, table
