@@ -152,3 +152,55 @@ def test_a_mirror_follows_a_schema_change_through_a_restart_and_a_crash(
 
     record = json.loads((tmp_path / "state" / "cdc-schema.json").read_text())
     assert [c["table"] for c in record["changes"]] == [f"public.{table}"]
+
+
+def test_a_new_table_with_new_columns_stops_the_query_and_the_restart_reads_it(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """A table that matches ``tables`` once the log streams, with a column the query lacks:
+    the query stops at the table's discovery (before the log carries it), ``run_restarting``
+    starts it again with the column, and the restarted query snapshots the table and follows
+    its changes; the first table's history stays gap-free."""
+    table = "grows"
+    make_table(postgres, table)
+    out = tmp_path / "out"
+    args = job_args(
+        postgres,
+        tmp_path,
+        table,
+        "--sink=write-count",
+        "--restart-on-schema-change",
+        f"--option=tables=public.{table}*",
+        out=out,
+    )
+    writer = VersionWriter(postgres, table, ROWS + 1)
+    writer.start()
+    job = Job(args, tmp_path / "jobs.log")
+    try:
+        wait_until("the job's first log batch", lambda: log_batches(job) >= 1, 240)
+        postgres.execute(f"CREATE TABLE {table}_new (id bigint PRIMARY KEY, price numeric(8,2))")
+        postgres.execute(
+            f"INSERT INTO {table}_new SELECT g, g / 100.0 FROM generate_series(1, 50) g"
+        )
+        wait_until(
+            "the restart", lambda: sum(1 for s in job.lines if s.startswith("STARTED")) >= 2, 120
+        )
+        postgres.execute(f"UPDATE {table}_new SET price = price + 1 WHERE id <= 10")
+        finish(tmp_path, job, writer, postgres_log(postgres, table), log_batches=3)
+    finally:
+        writer.stop()
+        job.close()
+
+    rows = [r for f in batch_folders(out).values() for r in batch_rows(f)]
+    mine = [r for r in rows if r["table"] == f"public.{table}"]
+    new = [r for r in rows if r["table"] == f"public.{table}_new"]
+    source = table_dicts(postgres, table)
+    result = replay(
+        [{**r, "payload": None} for r in mine],
+        {k: (row["version"], None) for k, row in source.items()},
+    )
+    assert (result.lost, result.duplicated) == ([], []), result
+    last = {r["id"]: r["price"] for r in sorted(new, key=lambda r: r["lsn"])}
+    assert last == {k: row["price"] for k, row in table_dicts(postgres, f"{table}_new").items()}
+    record = json.loads((tmp_path / "state" / "cdc-schema.json").read_text())
+    assert [c["change"] for c in record["changes"]] == ["a new table"]

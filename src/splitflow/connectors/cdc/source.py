@@ -436,9 +436,10 @@ class CdcSource(
         message = f"table {name}'s schema changed at {where}: {what}"
         if recorded:
             assert record is not None
-            _, changes = record.read() or ({}, [])
-            changes.append({"table": name, "at": where, "change": what})
-            record.write(tables, changes)
+            had, changes = record.read() or ({}, [])
+            if had.get(name) != new:  # a discovery that runs again records it once
+                changes.append({"table": name, "at": where, "change": what})
+                record.write(tables, changes)
             message += (
                 f"; {SchemaChangedError.RECORDED}: restart the query (same checkpoint), "
                 "which reads on from the change with it"
