@@ -11,7 +11,7 @@ can keep the splits together (FLIP-182 and FLIP-217):
 * a split with nothing to read for ``splitIdleTimeout`` is *idle* and holds nobody back;
 * with ``maxEventTimeDrift``, no batch reads records more than the drift past the earliest
   record an active split has left once the batch is read (its floor; see
-  :meth:`~splitflow.spark.planner.Planner._align`): each split stops there exactly where
+  :meth:`~splitflow.spark.alignment.Aligner.align`): each split stops there exactly where
   the source tells event times
   (:meth:`~splitflow.api.enumerator.SplitEnumerator.positions_after`), else a split whose
   watermark is too far ahead pauses for the batch.

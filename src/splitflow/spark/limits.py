@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from splitflow.api.enumerator import SplitExtent
 from splitflow.errors import ConfigurationError
 
 
@@ -126,3 +127,21 @@ def share_bytes(
         return min(backlogs[split], max(1, math.floor(shares[split] / size[split] + 1e-9)))
 
     return {s: records(s) for s in backlogs}
+
+
+def reads_under(
+    limit: ReadAll | MaxRecords | MaxBytes,
+    backlogs: dict[str, int],
+    extents: Mapping[str, SplitExtent],
+) -> dict[str, int]:
+    """Records each split reads in the next batch under ``limit``."""
+    if isinstance(limit, MaxRecords):
+        return share_records(backlogs, limit.records)
+    if isinstance(limit, ReadAll):
+        return backlogs
+    sizes = {sid: extents[sid].bytes_per_position for sid in backlogs}
+    reads = share_bytes(backlogs, sizes, limit.bytes, limit.option)
+    if limit.records is not None:
+        capped = share_records(backlogs, limit.records)
+        reads = {sid: min(n, capped[sid]) for sid, n in reads.items()}
+    return reads

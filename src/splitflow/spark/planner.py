@@ -15,7 +15,8 @@ parallelism) restores the coordinator from the start offset through the global-r
 path: slots report their splits and the enumerator redistributes them.
 
 The offset's format and the batch's tasks are :mod:`splitflow.spark.offset`; the read
-limits and how a budget is shared over splits, :mod:`splitflow.spark.limits`.
+limits and how a budget is shared over splits, :mod:`splitflow.spark.limits`; event-time
+alignment, :mod:`splitflow.spark.alignment`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
@@ -54,19 +54,11 @@ from splitflow.errors import (
     ConfigurationError,
     IncompatibleCheckpointError,
 )
+from splitflow.spark.alignment import Aligner, Alignment, capped
 from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import RETAIN_BATCHES, LedgerStore
-from splitflow.spark.limits import (
-    BacklogAware,
-    MaxBytes,
-    MaxRecords,
-    MinRecords,
-    ReadAll,
-    ReadLimit,
-    share_bytes,
-    share_records,
-)
+from splitflow.spark.limits import BacklogAware, MinRecords, ReadLimit, reads_under
 from splitflow.spark.offset import BatchOffset, Slice, SplitCache
 from splitflow.spark.statedir import Owner, StateStore
 
@@ -126,9 +118,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._encoded: SplitCache = {}  # splits of the last offset, encoded
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
-        self._active_at: dict[str, float] = {}  # split id -> when it last had records to read
-        self._next_times: dict[str, tuple[int, int]] = {}  # id -> (position, its event time)
-        self._times_memo: dict[tuple[str, int], int | None] = {}  # this batch's answers
+        self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
         self._aligned: Alignment | None = None  # how the last batch was aligned
         self._pinner: ReadPinner[SplitT] | None = None  # made at the first pin
         self._pinned: set[int] = set()  # batches pinned (or resumed) in this run, not released
@@ -163,7 +153,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
         self._last = restore_from
         self._event_times = dict(restore_from.event_times) if restore_from else {}
-        self._active_at, self._next_times, self._aligned = {}, {}, None
+        self._aligner, self._aligned = self._new_aligner(), None
         self._latest_extents = None
         self._events_through = restore_from.events_through if restore_from else 0
         self._resumed_at = restore_from.seq if restore_from else None
@@ -306,17 +296,30 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
-        settings = self.event_time
-        if settings is not None and settings.max_drift is not None:
-            aligned = self._align(settings, settings.max_drift, extents, backlogs, sized)
-            backlogs = _capped(backlogs, aligned.caps, aligned.positions)
+        if self._aligner is not None:
+            held = {
+                sid: split
+                for slot in self._slots.values()
+                for sid, split in slot.items()
+                if sid in extents
+            }
+            aligned = self._aligner.align(
+                held,
+                extents,
+                backlogs,
+                sized,
+                self._event_times,
+                now=self._clock(),
+                available_now=self._target is not None,
+            )
+            backlogs = capped(backlogs, aligned.caps, aligned.positions)
             self._aligned = aligned
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
             enough = sum(backlogs.values()) >= limit.records
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
-        reads = self._reads(sized, backlogs, extents)
+        reads = reads_under(sized, backlogs, extents)
         if sum(reads.values()) == 0:
             return dict(start)  # nothing to read: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
@@ -463,250 +466,21 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     # -- event time ---------------------------------------------------------------------------
 
+    def _new_aligner(self) -> Aligner[SplitT] | None:
+        settings = self.event_time
+        if settings is None or settings.max_drift is None:
+            return None
+        return Aligner(
+            settings,
+            lambda splits: self._settle(self.coordinator.event_times(splits)),
+            lambda splits, bound: self._settle(self.coordinator.positions_after(splits, bound)),
+        )
+
     def _observe_event_times(self, event: SplitEventTimesEvent) -> None:
         for sid, event_time in event.event_times:
             self._event_times[sid] = max(event_time, self._event_times.get(sid, event_time))
 
-    def _align(
-        self,
-        settings: EventTimeSettings,
-        max_drift: int,
-        extents: Mapping[str, SplitExtent],
-        backlogs: Mapping[str, int],
-        limit: ReadAll | MaxRecords | MaxBytes,
-    ) -> Alignment:
-        """Where each split must stop in the next batch so that no active split's records
-        are late: Spark's watermark follows the latest event time read, so after the batch
-        that must be at most ``max_drift`` past the earliest record any active split still
-        has to read (its *floor*).
-
-        ``backlogs``: what each split may read now; ``limit``: the batch's read limit.
-
-        A split is active while it has records to read, and for ``idle_timeout`` seconds
-        after; idle splits hold nobody back, nor, under ``trigger(availableNow=True)``, do
-        splits at the run's target (they read nothing more in it). An active split's
-        *current* event time is its next record's where the source tells it, else its
-        watermark. A split the source cannot tell, with records to read, is read alone, one
-        position, to learn where it stands.
-
-        Indexed sources (``settings.indexed``): the batch reads up to an event-time bound.
-        A split whose next record is past it pauses; the others stop at the source's
-        position for it (``positions_after``), searched where the source maps a split to
-        its own position while its next record is within (a coarse index, or one that
-        contradicts the record) or maps none. The bound starts at the floor of a batch
-        read without alignment plus the drift, so that splits that move together read
-        whole shares; the floor is then taken again at the stops the bound gives (the
-        event time at each active split's stop, or of its last record when it reads all
-        it has now; a split read to its final position has none), and the bound lowered
-        until it holds, at most :attr:`align_rounds` times, after which it is the slowest
-        active split's current time plus the drift (always safe: no split's next record is
-        earlier). Event time must not decrease along a split.
-
-        Other sources: a split whose watermark is past the slowest one's plus the drift
-        pauses; the others read their shares (they may overshoot by one).
-        """
-        now = self._clock()
-        self._times_memo = {}
-        held = {
-            sid: split
-            for slot in self._slots.values()
-            for sid, split in slot.items()
-            if sid in extents
-        }
-        for sid, split in held.items():
-            if extents[sid].exists_to > split.position or sid not in self._active_at:
-                self._active_at[sid] = now
-        for sid in [sid for sid in self._active_at if sid not in held]:
-            del self._active_at[sid]
-        to_read = {sid: split.position + backlogs[sid] for sid, split in held.items()}
-        idle = frozenset(
-            sid
-            for sid, split in held.items()
-            if now - self._active_at[sid] >= settings.idle_timeout
-            or (self._target is not None and to_read[sid] <= split.position)
-        )
-        waiting = {
-            sid: split
-            for sid, split in held.items()
-            if sid not in idle and to_read[sid] > split.position
-        }
-        next_times = self._next_event_times(waiting) if settings.indexed else {}
-        current = {
-            sid: t
-            for sid in held
-            if sid not in idle
-            and (t := next_times.get(sid, self._event_times.get(sid))) is not None
-        }
-        positions = {sid: split.position for sid, split in waiting.items()}
-
-        def aligned(bound: int | None, caps: dict[str, int]) -> Alignment:
-            return Alignment(
-                min(current.values(), default=None), bound, current, idle, caps, positions
-            )
-
-        unknown = [sid for sid in waiting if sid not in current]
-        if unknown:  # read alone, one position each
-            return aligned(None, {sid: p + (sid in unknown) for sid, p in positions.items()})
-        if not current:
-            return aligned(None, {})
-        safe = min(current.values()) + max_drift
-        if not settings.indexed:
-            return aligned(
-                safe, {sid: s.position for sid, s in waiting.items() if current[sid] > safe}
-            )
-        bound: int | None = None
-        caps: dict[str, int] = {}
-        for _ in range(self.align_rounds):
-            reads = self._reads(limit, _capped(backlogs, caps, positions), extents)
-            floor = self._floor(held, waiting, current, extents, to_read, reads)
-            if floor is None or (bound is not None and bound <= floor + max_drift):
-                return aligned(bound, caps)
-            bound = floor + max_drift
-            caps = self._stops(waiting, current, to_read, bound)
-        return aligned(safe, self._stops(waiting, current, to_read, safe))
-
-    align_rounds = 3
-    """How many bounds :meth:`_align` tries before it takes the safe one."""
-
-    def _floor(
-        self,
-        held: Mapping[str, SplitT],
-        waiting: Mapping[str, SplitT],
-        current: Mapping[str, int],
-        extents: Mapping[str, SplitExtent],
-        to_read: Mapping[str, int],
-        reads: Mapping[str, int],
-    ) -> int | None:
-        """The earliest event time an active split will have left to read after a batch
-        that reads ``reads``; None when none will (all read to their final position)."""
-        floor: dict[str, int] = {}
-        ask = []
-        for sid, time_now in current.items():
-            split = held[sid]
-            stop = split.position + reads.get(sid, 0)
-            if stop == split.position or sid not in waiting:
-                floor[sid] = time_now
-            elif not (extents[sid].final and stop >= extents[sid].latest):
-                floor[sid] = time_now  # unless the source tells the time where it stops
-                ask.append(with_position(split, min(stop, to_read[sid] - 1)))
-        floor.update(self._times_at(ask))
-        return min(floor.values(), default=None)
-
-    def _stops(
-        self,
-        waiting: Mapping[str, SplitT],
-        current: Mapping[str, int],
-        to_read: Mapping[str, int],
-        bound: int,
-    ) -> dict[str, int]:
-        """Where each waiting split stops to read nothing later than ``bound``: at its
-        position when its next record is later; else where the source maps it, searched
-        where it maps it to its position or not at all (``to_read``: how far each may read)."""
-        within = {sid: split for sid, split in waiting.items() if current[sid] <= bound}
-        caps = {sid: split.position for sid, split in waiting.items() if sid not in within}
-        mapped = (
-            self._settle(self.coordinator.positions_after(list(within.values()), bound))
-            if within
-            else {}
-        )
-        for sid, split in within.items():
-            if mapped.get(sid, split.position) > split.position:
-                caps[sid] = mapped[sid]
-        search = {sid: split for sid, split in within.items() if sid not in caps}
-        bounds = {sid: to_read[sid] for sid in search}
-        caps.update(self._search_after(search, bounds, bound, current))
-        return caps
-
-    def _search_after(
-        self,
-        splits: Mapping[str, SplitT],
-        bounds: Mapping[str, int],
-        limit: int,
-        known: Mapping[str, int],
-    ) -> dict[str, int]:
-        """Each split's first position below its bound whose record is later than ``limit``
-        (else its bound), by asking the event time at positions (event time must not
-        decrease along a split; ``known``: the time at each split's position, within
-        ``limit``). One ``event_times`` call per step for all splits: first the last
-        position, then a guess from the times at both ends of what is left (they are
-        often spaced evenly), or its middle when the last guess did not halve it."""
-        low = {sid: split.position for sid, split in splits.items()}
-        at_low = dict(known)
-        high = dict(bounds)
-        at_high: dict[str, int] = {}
-        halve: set[str] = set()
-        probes = {sid: high[sid] - 1 for sid in splits if high[sid] - 1 > low[sid]}
-        while probes:
-            times = self._times_at([with_position(splits[sid], at) for sid, at in probes.items()])
-            for sid, at in probes.items():
-                width = high[sid] - low[sid]
-                if sid in times and times[sid] <= limit:
-                    low[sid], at_low[sid] = at, times[sid]
-                else:
-                    high[sid] = at
-                    if sid in times:
-                        at_high[sid] = times[sid]
-                if 2 * (high[sid] - low[sid]) > width:
-                    halve.add(sid)
-                else:
-                    halve.discard(sid)
-            probes = {}
-            for sid in splits:
-                lo, hi = low[sid], high[sid]
-                if hi - lo <= 1:
-                    continue
-                probe = (lo + hi) // 2
-                if sid not in halve and sid in at_high and at_high[sid] > at_low[sid]:
-                    spread = at_high[sid] - at_low[sid]
-                    guess = lo + (limit - at_low[sid]) * (hi - lo) // spread
-                    probe = min(max(guess, lo + 1), hi - 1)
-                probes[sid] = probe
-        return high
-
-    def _times_at(self, splits: Sequence[SplitT]) -> dict[str, int]:
-        """The source's event time at each split's position, each position asked once per
-        planned batch (:meth:`_align` asks the same ones in its rounds); splits it cannot
-        tell are left out."""
-        memo = self._times_memo
-        ask = [s for s in splits if (s.split_id, s.position) not in memo]
-        if ask:
-            answers = self._settle(self.coordinator.event_times(ask))
-            for split in ask:
-                memo[(split.split_id, split.position)] = answers.get(split.split_id)
-        return {s.split_id: t for s in splits if (t := memo[(s.split_id, s.position)]) is not None}
-
-    def _next_event_times(self, waiting: Mapping[str, SplitT]) -> dict[str, int]:
-        """The event time at each waiting split's position, asked once per position."""
-        cached = {
-            sid: hit[1]
-            for sid, split in waiting.items()
-            if (hit := self._next_times.get(sid)) is not None and hit[0] == split.position
-        }
-        answers = self._times_at([split for sid, split in waiting.items() if sid not in cached])
-        self._next_times = {
-            sid: (waiting[sid].position, t) for sid, t in {**cached, **answers}.items()
-        }
-        return {**cached, **answers}
-
     # -- internals ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _reads(
-        limit: ReadAll | MaxRecords | MaxBytes,
-        backlogs: dict[str, int],
-        extents: Mapping[str, SplitExtent],
-    ) -> dict[str, int]:
-        """Records each split reads in the next batch under ``limit``."""
-        if isinstance(limit, MaxRecords):
-            return share_records(backlogs, limit.records)
-        if isinstance(limit, ReadAll):
-            return backlogs
-        sizes = {sid: extents[sid].bytes_per_position for sid in backlogs}
-        reads = share_bytes(backlogs, sizes, limit.bytes, limit.option)
-        if limit.records is not None:
-            capped = share_records(backlogs, limit.records)
-            reads = {sid: min(n, capped[sid]) for sid, n in reads.items()}
-        return reads
 
     def _cap(self, split_id: str, latest: int) -> int:
         if self._target is None:
@@ -969,36 +743,6 @@ class Planner(Generic[SplitT, EnumStateT]):
             report["idleSplits"] = len(aligned.idle) if aligned else 0
             report["pausedSplits"] = len(aligned.paused) if aligned else 0
         return report
-
-
-def _capped(
-    backlogs: Mapping[str, int], caps: Mapping[str, int], positions: Mapping[str, int]
-) -> dict[str, int]:
-    """``backlogs`` cut to end at ``caps`` (split id -> stop) from ``positions``."""
-    result = dict(backlogs)
-    for sid, cap in caps.items():
-        result[sid] = min(result[sid], cap - positions[sid])
-    return result
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """How one batch was aligned by event time: the watermark (the slowest active split's
-    current event time), the limit (the latest event time the batch reads), each active
-    split's current event time, the idle splits, and where splits must stop (``caps``)
-    from their ``positions`` (of the splits with records to read)."""
-
-    watermark: int | None
-    limit: int | None
-    current: Mapping[str, int]
-    idle: frozenset[str]
-    caps: Mapping[str, int]
-    positions: Mapping[str, int]
-
-    @property
-    def paused(self) -> frozenset[str]:
-        """The splits that read nothing in the batch (capped at their position)."""
-        return frozenset(sid for sid, cap in self.caps.items() if cap <= self.positions[sid])
 
 
 def collect_garbage_less_often() -> None:

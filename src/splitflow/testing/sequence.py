@@ -12,7 +12,6 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
@@ -22,21 +21,9 @@ from splitflow.api.reader import SourceReader, SourceReaderContext
 from splitflow.api.source import Boundedness, Source, SupportsSplitReassignmentOnRecovery
 from splitflow.api.split import Codec, DataclassCodec
 from splitflow.errors import ConfigurationError
-
-SequenceRecord = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class SequenceSplit:
-    """Records ``position .. end-1`` of sequence ``name`` (``end=None``: it keeps growing)."""
-
-    name: str
-    end: int | None = None
-    position: int = 0
-
-    @property
-    def split_id(self) -> str:
-        return self.name
+from splitflow.testing.sequence_reader import create_sequence_reader
+from splitflow.testing.sequence_splits import SequenceRecord as SequenceRecord
+from splitflow.testing.sequence_splits import SequenceSplit as SequenceSplit
 
 
 class SequenceCatalog:
@@ -270,8 +257,6 @@ class SequenceSource(
     def create_reader(
         self, context: SourceReaderContext
     ) -> SourceReader[SequenceRecord, SequenceSplit]:
-        from splitflow.testing.sequence_reader import create_sequence_reader
-
         return create_sequence_reader(self, context)
 
     @property

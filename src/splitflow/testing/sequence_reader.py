@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from splitflow.api.reader import SourceReader, SourceReaderContext
 from splitflow.errors import ConfigurationError, DataLossError
@@ -20,12 +21,10 @@ from splitflow.reader import (
     SplitReader,
     SplitSlice,
 )
-from splitflow.testing.sequence import (
-    SequenceCatalog,
-    SequenceRecord,
-    SequenceSource,
-    SequenceSplit,
-)
+from splitflow.testing.sequence_splits import SequenceRecord, SequenceSplit
+
+if TYPE_CHECKING:  # the source imports this module
+    from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 log = logging.getLogger("splitflow.testing")
 

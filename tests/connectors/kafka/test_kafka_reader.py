@@ -21,7 +21,7 @@ from tests.support.tansu import Tansu
 
 from splitflow.api.reader import InputStatus
 from splitflow.connectors.kafka import SCHEMA, SCHEMA_WITH_HEADERS, KafkaOptions, KafkaSource
-from splitflow.connectors.kafka.source import KafkaSplit
+from splitflow.connectors.kafka.splits import KafkaSplit
 from splitflow.errors import DataLossError
 from splitflow.reader.output import Collector, RecordingReaderContext
 

@@ -15,7 +15,7 @@ import pytest
 
 from splitflow.connectors.kafka import KafkaOptions, KafkaSource
 from splitflow.connectors.kafka.reader import KafkaSplitReader
-from splitflow.connectors.kafka.source import KafkaSplit
+from splitflow.connectors.kafka.splits import KafkaSplit
 from splitflow.errors import DataLossError
 from splitflow.reader import SplitSlice
 

@@ -7,12 +7,12 @@ options on Spark (``spark.readStream.format("splitflow-files")``).
 from splitflow.connectors.files.formats import BadFileError, CsvOptions
 from splitflow.connectors.files.reader import FileQuarantinedEvent
 from splitflow.connectors.files.source import (
-    FileSplit,
     FilesSource,
     FilesState,
     QuarantineEntry,
     default_format,
 )
+from splitflow.connectors.files.splits import FileSplit
 
 __all__ = [
     "BadFileError",

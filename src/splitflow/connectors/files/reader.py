@@ -36,11 +36,12 @@ from splitflow.connectors.files.formats import (
     parse_lines,
     row_group_starts,
 )
+from splitflow.connectors.files.splits import FileSplit
 from splitflow.errors import DataLossError
 from splitflow.reader import Positioned, RecordEmitter, RecordsBySplits, SplitReader, SplitSlice
 
 if TYPE_CHECKING:
-    from splitflow.connectors.files.source import FileSplit, FilesSource
+    from splitflow.connectors.files.source import FilesSource
 
 log = logging.getLogger("splitflow.connectors.files")
 
@@ -69,7 +70,7 @@ def file_lost(split: FileSplit, start: int, stop: int, what: str, *, fail: bool)
     log.warning("splitflow: %s are lost: the file vanished (failOnDataLoss=false)", lost)
 
 
-class BatchesEmitter(RecordEmitter[Positioned[Batches], pa.RecordBatch, "FileSplit"]):
+class BatchesEmitter(RecordEmitter[Positioned[Batches], pa.RecordBatch, FileSplit]):
     """Collects each batch of a block, then moves the split past the block."""
 
     def emit(
@@ -83,7 +84,7 @@ class BatchesEmitter(RecordEmitter[Positioned[Batches], pa.RecordBatch, "FileSpl
         state.position = element.next_position
 
 
-class FileSplitReader(SplitReader[Positioned[Batches], "FileSplit"]):
+class FileSplitReader(SplitReader[Positioned[Batches], FileSplit]):
     """Reads file slices; one block of one split per fetch. ``fetch`` never waits."""
 
     def __init__(self, source: FilesSource, send: Callable[[SourceEvent], None]) -> None:

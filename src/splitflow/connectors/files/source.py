@@ -61,6 +61,8 @@ from splitflow.connectors.files.reader import (
     FileSplitReader,
     file_lost,
 )
+from splitflow.connectors.files.splits import FileSplit as FileSplit  # also its old place
+from splitflow.connectors.files.splits import split_id
 from splitflow.errors import ConfigurationError, ConnectorError, ContractViolation
 from splitflow.reader import SourceReaderBase
 
@@ -68,32 +70,6 @@ log = logging.getLogger("splitflow.connectors.files")
 
 CLEAN_SOURCE = ("off", "delete", "archive")
 BAD_FILES = ("fail", "quarantine")
-
-
-@dataclass(frozen=True)
-class FileSplit:
-    """Bytes ``[start, end)`` of the file at ``path`` (part ``part`` of ``parts``).
-
-    ``size`` and ``mtime_ns`` are the file's when it was discovered; ``position`` is the
-    byte offset where reading resumes.
-    """
-
-    path: str
-    part: int
-    parts: int
-    start: int
-    end: int
-    size: int
-    mtime_ns: int
-    position: int
-
-    @property
-    def split_id(self) -> str:
-        return split_id(self.path, self.part, self.parts)
-
-
-def split_id(path: str, part: int, parts: int) -> str:
-    return path if parts == 1 else f"{path}#{part}"
 
 
 def cut(entry: FileEntry, split_bytes: int) -> list[FileSplit]:

@@ -11,9 +11,9 @@ from splitflow.connectors.kafka.reader import SCHEMA, SCHEMA_WITH_HEADERS
 from splitflow.connectors.kafka.source import (
     KafkaEnumerator,
     KafkaSource,
-    KafkaSplit,
     resolve_starting_offsets,
 )
+from splitflow.connectors.kafka.splits import KafkaSplit
 
 __all__ = [
     "SCHEMA",

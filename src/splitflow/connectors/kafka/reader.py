@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -46,7 +46,7 @@ from splitflow.connectors.kafka.broker import (
     describe_kafka_error,
     refused_error,
 )
-from splitflow.connectors.kafka.source import KafkaSource, KafkaSplit
+from splitflow.connectors.kafka.splits import KafkaSplit
 from splitflow.errors import ConnectorError, DataLossError
 from splitflow.reader import (
     Positioned,
@@ -56,6 +56,9 @@ from splitflow.reader import (
     SplitReader,
     SplitSlice,
 )
+
+if TYPE_CHECKING:  # the source imports this module when it makes a reader
+    from splitflow.connectors.kafka.source import KafkaSource
 
 log = logging.getLogger("splitflow.kafka")
 

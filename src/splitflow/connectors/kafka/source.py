@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
@@ -42,35 +41,10 @@ from splitflow.connectors.kafka.options import (
     StartSpec,
     TopicPartition,
 )
+from splitflow.connectors.kafka.splits import KafkaSplit as KafkaSplit  # also its old place
 from splitflow.errors import ConfigurationError, ConnectorError, DataLossError
 
 log = logging.getLogger("splitflow.kafka")
-
-
-@dataclass(frozen=True)
-class KafkaSplit:
-    """Partition ``partition`` of ``topic``, read from offset ``position``.
-
-    ``end``: a bounded read stops before this offset. ``first_end``: the end offset when
-    the partition was first seen (the backlog boundary).
-
-    >>> KafkaSplit("orders", 3, position=42).split_id
-    'orders-3'
-    """
-
-    topic: str
-    partition: int
-    position: int = 0
-    end: int | None = None
-    first_end: int | None = None
-
-    @property
-    def split_id(self) -> str:
-        return f"{self.topic}-{self.partition}"
-
-    @property
-    def topic_partition(self) -> TopicPartition:
-        return (self.topic, self.partition)
 
 
 def describe(partitions: Sequence[TopicPartition], limit: int = 10) -> str:
