@@ -305,15 +305,11 @@ def test_spark_read_is_the_snapshot_and_latest_reads_only_what_follows(
 def test_a_replay_read_then_skipped_by_the_sink_loses_nothing(db: Database, tmp_path: Path) -> None:
     """A sink that reads every batch (a ``count()``) and then skips one it has (Delta's
     idempotent writes, ``apply_changes``): the driver is SIGKILLed right after a snapshot
-    batch's Delta commit, before Spark's. The replay is read, under the pin its first
-    evaluation had (kept in ``stateDir``), so the marks the log filters by are those of the
-    rows the mirror kept: the Delta table read back equals the table."""
-    if isinstance(db, PostgresDb):
-        pytest.skip(
-            "PostgreSQL's pin is a snapshot exported by the driver's session, which ends with "
-            "it: a replay reads anew, so a sink must keep the replay or skip it unread "
-            "(docs/postgres-cdc.md, Keeping a copy of the table)"
-        )
+    batch's Delta commit, before Spark's. The replay is read, and returns what the first
+    evaluation read: MariaDB reads under the pin its first evaluation had (kept in
+    ``stateDir``), PostgreSQL, whose exported snapshot died with the driver, returns the
+    chunk reads kept in ``stateDir``. So the marks the log filters by are those of the rows
+    the mirror kept: the Delta table read back equals the table."""
     pytest.importorskip("deltalake", reason="needs the delta extra (deltalake)")
     killed = 2
     table = "mirrored_after_count"

@@ -18,12 +18,8 @@ its id recorded and changes nothing: exactly once across driver crashes, as Delt
 id, which a restart from the same checkpoint keeps and a new checkpoint changes.
 
 A batch the table has already is not read at all, as Spark's own file sink and Delta's
-writer skip one. This matters for PostgreSQL CDC: run again after a driver crash, a
-snapshot batch reads its chunks under a new snapshot, and the chunks' watermarks, which
-the log filters by, follow the last read; a replay read and then dropped would make the
-log skip the changes committed between the two snapshots. For the same reason, run no
-other action on such a batch before ``apply_changes`` (MySQL/MariaDB CDC reads a replay as
-its first evaluation read it: there it does not matter).
+writer skip one (a CDC replay returns what its first evaluation read, with ``stateDir``, so
+reading it would be exact too, only slower).
 
 Delta through the ``deltalake`` package (delta-rs, ``pip install 'splitflow[delta]'``): it
 runs in the driver's Python process, where ``foreachBatch`` runs, and the batch is collected

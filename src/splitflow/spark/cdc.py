@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType
@@ -41,6 +43,44 @@ class StoreFile:
 
     def write(self, content: bytes) -> None:
         self.store.put(self.store.path(self.name), content)
+
+
+class StoreChunks:
+    """A batch's chunk reads in ``<stateDir>/chunks/<batch>/<split id>``
+    (:class:`~splitflow.connectors.cdc.reader.KeptChunks`): written by the tasks, the first
+    write of a chunk winning; deleted by the driver once the batch completed (one listing of
+    ``chunks/`` per run, then the batches it kept, by name)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._listed = False
+        self._batches: set[int] = set()  # batches that may have kept reads, not dropped
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self.store, "_listed": False, "_batches": set()}
+
+    def _path(self, batch: int, split_id: str) -> str:
+        return self.store.path("chunks", str(batch), quote(split_id, safe=""))
+
+    def get(self, batch: int, split_id: str) -> bytes | None:
+        return self.store.get(self._path(batch, split_id))
+
+    def put_first(self, batch: int, split_id: str, content: bytes) -> bytes:
+        path = self._path(batch, split_id)
+        if self.store.create(path, content):
+            return content
+        kept = self.store.get(path)
+        return content if kept is None else kept
+
+    def drop_through(self, batch: int, pinned: Collection[int]) -> None:
+        if not self._listed:
+            self._listed = True
+            names = self.store.names(self.store.path("chunks"))
+            self._batches |= {int(n) for n in names if n.isdigit()}
+        self._batches |= set(pinned)
+        for done in sorted(b for b in self._batches if b <= batch):
+            self.store.delete(self.store.path("chunks", str(done)), folder=True)
+            self._batches.discard(done)
 
 
 class CdcDataSource(SplitflowDataSource):
@@ -81,8 +121,11 @@ class CdcDataSource(SplitflowDataSource):
         return source.schema_record_in(StoreFile(self._store, SCHEMA_FILE))
 
     def _recording(self, source: SourceT) -> SourceT:
-        """``source`` with the record schema changes go to."""
+        """``source`` with the record schema changes go to, and the store its batches'
+        chunk reads are kept in (:attr:`~.CdcSource.keeps_chunk_reads`)."""
         source.schema_record = self._schema_record(source)
+        if self._store is not None and source.keeps_chunk_reads:
+            source.kept_chunks = StoreChunks(self._store)
         return source
 
     def create_source(self) -> CdcSource[Any, Any]:

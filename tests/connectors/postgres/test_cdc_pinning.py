@@ -185,3 +185,49 @@ def test_release_frees_the_batches_up_to_the_one_completed(
     assert held(1) == 1
     pinner.close()
     assert held(0) == 0
+
+
+class MemoryChunks:
+    """:class:`~splitflow.connectors.cdc.reader.KeptChunks` in memory (the Spark runtime's
+    is ``splitflow.spark.cdc.StoreChunks``, in ``stateDir``)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, str], bytes] = {}
+
+    def get(self, batch: int, split_id: str) -> bytes | None:
+        return self.kept.get((batch, split_id))
+
+    def put_first(self, batch: int, split_id: str, content: bytes) -> bytes:
+        return self.kept.setdefault((batch, split_id), content)
+
+    def drop_through(self, batch: int, pinned: Any) -> None:
+        self.kept = {k: v for k, v in self.kept.items() if k[0] > batch}
+
+
+def test_a_batch_replayed_under_a_new_pin_returns_the_chunks_its_first_reads_kept(
+    source: PostgresCdcSource, postgres: Postgres
+) -> None:
+    """A driver crash ends the exported snapshot: the restarted driver pins the batch anew,
+    but with the chunk reads kept (``stateDir``) the replay returns what the first
+    evaluation read, rows and watermark; another batch reads afresh; a completed batch's
+    reads are forgotten at the release."""
+    kept = MemoryChunks()
+    source.kept_chunks = kept
+    first_driver = SnapshotPinner(source.options, kept)
+    try:
+        first = read(source, chunk(), first_driver.pin(3, [chunk()]))
+    finally:
+        first_driver.close()  # the crash: its snapshot is gone
+    postgres.execute(f"UPDATE {TABLE} SET version = version + 1 WHERE id <= 10")
+    restarted = SnapshotPinner(source.options, kept)
+    try:
+        replay_pin = restarted.pin(3, [chunk()])
+        replayed = read(source, chunk(), replay_pin)
+        later = read(source, chunk(), restarted.pin(4, [chunk()]))
+        restarted.release(3)
+    finally:
+        restarted.close()
+        source.kept_chunks = None
+    assert replayed == first
+    assert later != first  # batch 4 reads the table as it is now
+    assert [b for b, _ in kept.kept] == [4]

@@ -21,8 +21,8 @@ log from its positions, a chunk from the pin.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from collections.abc import Callable, Collection, Generator, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -83,12 +83,70 @@ class Pinned(Generic[PinT]):
     event: PinT | None = None
 
 
+class KeptChunks(Protocol):
+    """Where each batch's chunk reads are kept (``stateDir``) until the batch completes, for
+    a database whose pin ends with the driver (PostgreSQL's exported snapshot): a batch
+    evaluated again after a driver crash then returns the chunks its first evaluation
+    read, with their watermarks, whatever the sink kept of it."""
+
+    def get(self, batch: int, split_id: str) -> bytes | None:
+        """The chunk's read kept for ``batch``; None when there is none."""
+        ...
+
+    def put_first(self, batch: int, split_id: str, content: bytes) -> bytes:
+        """Keep ``content`` unless a read of the chunk is kept already; return the one kept
+        (the first read's, when two raced)."""
+        ...
+
+    def drop_through(self, batch: int, pinned: Collection[int]) -> None:
+        """Forget the reads of the batches up to ``batch`` (they completed): ``pinned``, the
+        ones this run pinned, and any an earlier run left."""
+        ...
+
+
+_MARK = b"splitflow.mark"
+
+
+def encode_piece(piece: Piece) -> bytes:
+    """A chunk's :class:`Piece` as bytes (Arrow IPC; the watermark pickled in the schema's
+    metadata), for :class:`KeptChunks`."""
+    import pickle
+
+    schema = piece.batches[0].schema if piece.batches else pa.schema([])
+    schema = schema.with_metadata({_MARK: pickle.dumps((piece.next_position, piece.mark))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in piece.batches:
+            writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def decode_piece(content: bytes) -> Piece:
+    """The :class:`Piece` :func:`encode_piece` made."""
+    import pickle
+
+    reader = pa.ipc.open_stream(content)
+    next_position, mark = pickle.loads(reader.schema.metadata[_MARK])
+    schema = reader.schema.remove_metadata()
+    batches = [pa.RecordBatch.from_arrays(b.columns, schema=schema) for b in reader]
+    return Piece(batches, next_position, mark)
+
+
 class CdcSplitReader(SplitReader[Piece, CdcSplit]):
     """Reads chunk and log slices (see the module doc): one chunk per fetch (so its rows
-    go out before the next is read), and one piece of each log slice."""
+    go out before the next is read), and one piece of each log slice.
 
-    def __init__(self, columns: Sequence[tuple[str, Any]], pinned: Pinned[Any]) -> None:
+    ``kept``: where a pinned batch's chunk reads are kept (:class:`KeptChunks`): a chunk
+    the batch read before is returned as it was read, not read again."""
+
+    def __init__(
+        self,
+        columns: Sequence[tuple[str, Any]],
+        pinned: Pinned[Any],
+        kept: KeptChunks | None = None,
+    ) -> None:
         self._pinned = pinned
+        self._kept = kept
         self._schema: OutputSchema[Any] = OutputSchema(columns)
         self._slices: dict[str, SplitSlice[CdcSplit]] = {}
         self._log_at: dict[str, int] = {}  # how far each log split has been read
@@ -137,7 +195,7 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             if piece.stop is not None and piece.stop <= split.position:
                 out.mark_finished(split.split_id)  # held back: not in this batch
             else:
-                out.add(split.split_id, self.read_chunk(split))
+                out.add(split.split_id, self._chunk(split))
                 out.mark_ended(split.split_id)
             del self._slices[split.split_id]
         for piece in logs:
@@ -145,6 +203,20 @@ class CdcSplitReader(SplitReader[Piece, CdcSplit]):
             if piece.split_id in out.finished:
                 del self._slices[piece.split_id]
         return out
+
+    def _chunk(self, split: ChunkSplit) -> Piece:
+        """The chunk's read: kept from an earlier read of the pinned batch, else read (and
+        kept, when a store is given)."""
+        batch = getattr(self._pinned.event, "batch", None)
+        if self._kept is None or batch is None:
+            return self.read_chunk(split)
+        kept = self._kept.get(batch, split.split_id)
+        if kept is not None:
+            return decode_piece(kept)
+        piece = self.read_chunk(split)
+        content = encode_piece(piece)
+        first = self._kept.put_first(batch, split.split_id, content)
+        return piece if first == content else decode_piece(first)
 
     def _read_log(self, piece: SplitSlice[LogSplit], out: RecordsBySplits[Piece]) -> None:
         """The next piece of the log split's slice. The first fetch of a slice starts its

@@ -43,6 +43,7 @@ from splitflow.connectors.cdc.changes import (
     columns_shown,
     difference,
 )
+from splitflow.connectors.cdc.reader import KeptChunks
 from splitflow.connectors.cdc.schema import Table, union_columns
 from splitflow.connectors.cdc.splits import (
     CdcSplit,
@@ -362,6 +363,10 @@ class CdcSource(
     """The option that lists the tables, named by errors about their columns."""
     mark_type: ClassVar[type[Any]]
     """The class of the database's chunk watermark (:class:`~.splits.Watermark`)."""
+    keeps_chunk_reads: ClassVar[bool] = False
+    """Whether a batch's chunk reads are kept in ``stateDir`` until it completes
+    (:class:`~.reader.KeptChunks`): for a database whose pin does not outlive the driver,
+    so that a replay after a driver crash reads what the first evaluation read."""
 
     def __init__(
         self,
@@ -375,6 +380,9 @@ class CdcSource(
         self.schema_record: SchemaRecord | None = None
         """Where schema changes are recorded (``stateDir``); None: nowhere, and a change
         fails the query as with ``schemaChanges=fail``."""
+        self.kept_chunks: KeptChunks | None = None
+        """Where a batch's chunk reads are kept (``stateDir``), for a database that
+        :attr:`keeps_chunk_reads`; None: nowhere."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options!r})"

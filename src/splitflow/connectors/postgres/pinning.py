@@ -16,11 +16,15 @@ imports the snapshot (``SET TRANSACTION SNAPSHOT``): every read, in any task and
 attempt, sees the same rows, and every chunk's watermark is the batch's snapshot, the same in
 each read.
 
-A driver that dies takes its transaction with it. The restarted driver replays the batch
-under a new snapshot, and every read of the replay sees that one; the watermarks the
-enumerator keeps are the ones written by the replay's reads (reader events are applied only
-once their batch has completed). A read that finds the snapshot gone (the driver's
-connection was cut while the batch ran) fails the task rather than read another snapshot.
+A driver that dies takes its transaction with it. So, with ``stateDir``, every chunk a
+pinned batch reads is kept there as it was read, rows and watermark
+(:class:`~splitflow.connectors.cdc.reader.KeptChunks`, ``chunks/<batch>/``), the first read
+of it winning, until the batch completes (:meth:`SnapshotPinner.release`): the restarted
+driver replays the batch under a new snapshot, but its reads return the kept chunks, so the
+replay is what the first evaluation was, whatever the sink kept of it (a chunk no read had
+finished is read under the new snapshot). Without ``stateDir`` the replay reads anew. A read
+that finds the snapshot gone (the driver's connection was cut while the batch ran) fails
+the task rather than read another snapshot.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import psycopg
 
 from splitflow.api.events import SourceEvent
 from splitflow.api.source import ReadPinner
+from splitflow.connectors.cdc.reader import KeptChunks
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.splits import CdcSplit, ChunkSplit
@@ -88,8 +93,9 @@ class SnapshotPinner(ReadPinner[CdcSplit]):
     as each chunk's own transaction did before.
     """
 
-    def __init__(self, options: PostgresOptions) -> None:
+    def __init__(self, options: PostgresOptions, kept: KeptChunks | None = None) -> None:
         self._options = options
+        self._kept = kept  # the batches' chunk reads, forgotten once they completed
         self._held: dict[int, tuple[psycopg.Connection[Any], BatchSnapshot]] = {}
 
     def pin(self, batch: int, splits: Sequence[CdcSplit]) -> BatchSnapshot | None:
@@ -128,6 +134,17 @@ class SnapshotPinner(ReadPinner[CdcSplit]):
             ) from None
 
     def release(self, through_batch: int) -> None:
-        for batch in [b for b in self._held if b <= through_batch]:
+        released = [b for b in self._held if b <= through_batch]
+        for batch in released:
             conn, _ = self._held.pop(batch)
             conn.close()  # ends the transaction; the snapshot is no longer importable
+        if self._kept is not None:
+            self._kept.drop_through(through_batch, released)
+
+    def close(self) -> None:
+        """End every held snapshot, keeping the kept chunk reads: the run ends, not
+        necessarily its last batch (a stopped query replays it); the next run's first
+        release forgets those of batches that completed."""
+        for conn, _ in self._held.values():
+            conn.close()
+        self._held.clear()

@@ -114,7 +114,7 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
     split reader, plus the chunks' (ADBC) and the log's own."""
 
     def __init__(self, source: PostgresCdcSource, pinned: Pinned[BatchSnapshot]) -> None:
-        super().__init__(source.columns(), pinned)
+        super().__init__(source.columns(), pinned, source.kept_chunks)
         self._source = source
         self._options = source.options
         self._wal_sizes: tuple[int, int] | None = None  # WAL page and segment size

@@ -165,6 +165,7 @@ class PostgresCdcSource(CdcSource[PostgresOptions, Table]):
 
     source_name: ClassVar[str] = SOURCE
     mark_type: ClassVar[type[Any]] = ChunkMark
+    keeps_chunk_reads: ClassVar[bool] = True  # the exported snapshot ends with the driver
 
     def __init__(
         self,
@@ -196,7 +197,7 @@ class PostgresCdcSource(CdcSource[PostgresOptions, Table]):
 
     def create_read_pinner(self) -> SnapshotPinner:
         """One snapshot per batch that reads chunks (:mod:`.pinning`)."""
-        return SnapshotPinner(self.options)
+        return SnapshotPinner(self.options, self.kept_chunks)
 
 
 def _encode_type(kind: ColumnType) -> list[Any]:
