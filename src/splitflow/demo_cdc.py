@@ -30,6 +30,7 @@ query from its checkpoint.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import sys
 import threading
@@ -130,6 +131,13 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
 
     if not Postgres.installed():
         echo("splitflow demo --cdc needs a local PostgreSQL server: apt install postgresql-15")
+        return 2
+    missing = [m for m in ("psycopg", "deltalake") if importlib.util.find_spec(m) is None]
+    if missing:
+        echo(
+            f"splitflow demo --cdc needs {' and '.join(missing)}: "
+            "pip install 'splitflow[postgres,delta]'"
+        )
         return 2
     from splitflow.demo import StopSignal
     from splitflow.job.pipeline import start_session, stop_between_batches
