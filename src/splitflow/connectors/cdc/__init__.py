@@ -27,7 +27,12 @@ module                 what it holds
                        after completed checkpoints) and :class:`CdcSource`
 :mod:`.reader`         :class:`CdcSplitReader` (a chunk or one log piece per fetch), :class:`Piece`,
                        :class:`Pinned`, :class:`CdcEmitter` (a chunk's rows and watermark leave
-                       together) and :class:`CdcReader`
+                       together), :class:`CdcReader`, and :class:`KeptChunks` (a batch's chunk
+                       reads kept in ``stateDir``, for a database whose pin ends with the driver)
+:mod:`.changes`        schema changes in the log: :class:`SchemaChange` (the reader cuts its slice
+                       before the first change under a new schema), :func:`difference`,
+                       :func:`widens`, :func:`follow` (renames by column id) and
+                       :class:`SchemaRecord` (the query's schema in ``stateDir``)
 =====================  ===========================================================================
 
 **A new database is a small log reader plus a type mapping.** It implements:
