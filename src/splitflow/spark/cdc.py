@@ -18,7 +18,6 @@ from splitflow.spark.options import RuntimeOptions
 from splitflow.spark.statedir import StateStore
 
 if TYPE_CHECKING:
-    from splitflow.connectors.cdc.changes import SchemaRecord
     from splitflow.connectors.cdc.source import CdcSource
 
 SCHEMA_FILE = "cdc-schema.json"
@@ -106,7 +105,7 @@ class CdcDataSource(SplitflowDataSource):
         self._store = RuntimeOptions.parse(options).state_store
         if self._options.schema_changes != "stop":
             return
-        record = self._schema_record(self.create_source())
+        record = self.create_source().schema_record
         if record is None:
             self._options = replace(self._options, schema_changes="fail")
             return
@@ -115,15 +114,12 @@ class CdcDataSource(SplitflowDataSource):
             tables = recorded[0]
             self._tables = [*tables.values(), *(t for t in self._tables if t.name not in tables)]
 
-    def _schema_record(self, source: CdcSource[Any, Any]) -> SchemaRecord | None:
-        if self._store is None or self._options.schema_changes != "stop":
-            return None
-        return source.schema_record_in(StoreFile(self._store, SCHEMA_FILE))
-
     def _recording(self, source: SourceT) -> SourceT:
-        """``source`` with the record schema changes go to, and the store its batches'
-        chunk reads are kept in (:attr:`~.CdcSource.keeps_chunk_reads`)."""
-        source.schema_record = self._schema_record(source)
+        """``source`` with the record schema changes go to (``schemaChanges=stop``), and the
+        store its batches' chunk reads are kept in (:attr:`~.CdcSource.keeps_chunk_reads`);
+        each subclass's :meth:`create_source` returns its source through it."""
+        if self._store is not None and self._options.schema_changes == "stop":
+            source.schema_record = source.schema_record_in(StoreFile(self._store, SCHEMA_FILE))
         if self._store is not None and source.keeps_chunk_reads:
             source.kept_chunks = StoreChunks(self._store)
         return source
@@ -147,7 +143,7 @@ class CdcDataSource(SplitflowDataSource):
                 "readers report their watermarks to the driver through it",
                 option="stateDir",
             )
-        record = self._schema_record(self.create_source())
+        record = self.create_source().schema_record
         if record is not None and record.read() is None:  # the schema the query starts with
             record.write({t.name: t for t in self._tables}, [])
         return super().streamReader(schema)

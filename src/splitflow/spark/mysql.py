@@ -49,7 +49,7 @@ class MySqlCdcDataSource(CdcDataSource):
     def create_source(self) -> MySqlCdcSource:
         from splitflow.connectors.mysql.source import MySqlCdcSource
 
-        return MySqlCdcSource(self._options, self._tables, self._row_bytes)
+        return self._recording(MySqlCdcSource(self._options, self._tables, self._row_bytes))
 
     def check_streaming(self) -> None:
         from splitflow.connectors.mysql import catalog

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from splitflow.api.events import SourceEvent
 from splitflow.connectors.cdc.schema import ColumnKind, Table
-from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
+from splitflow.errors import ConfigurationError, IncompatibleCheckpointError, SchemaChangedError
 
 MODES = ("stop", "fail")
 """Option ``schemaChanges``: ``stop`` (record the new schema, stop the query to be
@@ -148,6 +148,22 @@ def follow(old: Table[Any], columns: Sequence[tuple[str, Any]], ids: Sequence[in
 def columns_shown(table: Table[Any]) -> tuple[str, ...]:
     """``name type`` of each column, for messages."""
     return tuple(f"{n} {k.spark}" for n, k in table.columns)
+
+
+def not_followed(
+    name: str, old: Table[Any] | None, new: Table[Any], where: str, what: str, why: str
+) -> SchemaChangedError:
+    """The error of a change the query does not go on from (nothing recorded): ``what``
+    changed at ``where``, and ``why`` it is not followed."""
+    return SchemaChangedError(
+        f"table {name}'s schema changed at {where}: {what}; {why}: read the table again in a "
+        "new query (new checkpoint and stateDir)",
+        table=name,
+        old=() if old is None else columns_shown(old),
+        new=columns_shown(new),
+        position=where,
+        recorded=False,
+    )
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from splitflow.connectors.cdc.changes import (
     StateFile,
     columns_shown,
     difference,
+    not_followed,
 )
 from splitflow.connectors.cdc.reader import KeptChunks
 from splitflow.connectors.cdc.schema import Table, union_columns
@@ -440,32 +441,25 @@ class CdcSource(
         except ConfigurationError as e:
             problem = str(e)
         record = self.schema_record
-        recorded = problem is None and record is not None
-        message = f"table {name}'s schema changed at {where}: {what}"
-        if recorded:
-            assert record is not None
-            had, changes = record.read() or ({}, [])
-            if had.get(name) != new:  # a discovery that runs again records it once
-                changes.append({"table": name, "at": where, "change": what})
-                record.write(tables, changes)
-            message += (
-                f"; {SchemaChangedError.RECORDED}: restart the query (same checkpoint), "
-                "which reads on from the change with it"
-            )
-        else:
-            message += (
-                f"; {problem}: no restart can follow it"
+        if problem is not None or record is None:
+            why = (
+                f"{problem}: no restart can follow it"
                 if problem
-                else "; nothing was recorded (schemaChanges=fail, or no stateDir)"
+                else "nothing was recorded (schemaChanges=fail, or no stateDir)"
             )
-            message += ": read the table again in a new query (new checkpoint and stateDir)"
+            raise not_followed(name, old, new, where, what, why)
+        had, changes = record.read() or ({}, [])
+        if had.get(name) != new:  # a discovery that runs again records it once
+            changes.append({"table": name, "at": where, "change": what})
+            record.write(tables, changes)
         raise SchemaChangedError(
-            message,
+            f"table {name}'s schema changed at {where}: {what}; {SchemaChangedError.RECORDED}: "
+            "restart the query (same checkpoint), which reads on from the change with it",
             table=name,
             old=() if old is None else columns_shown(old),
             new=columns_shown(new),
             position=where,
-            recorded=recorded,
+            recorded=True,
         )
 
     @abstractmethod

@@ -193,6 +193,12 @@ def describe_table(
     )
 
 
+def layout(table: Table) -> list[tuple[str, int, int]]:
+    """``(name, type oid, type modifier)`` of each column: what a ``Relation`` message or
+    ``pg_attribute`` says of a table, to tell whether it is still as ``table`` describes."""
+    return [(name, kind.type_oid, kind.type_modifier) for name, kind in table.columns]
+
+
 def describe_relation(
     conn: psycopg.Connection[Any],
     described: Table,

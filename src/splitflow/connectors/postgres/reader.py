@@ -219,7 +219,7 @@ class CdcSplitReader(cdc_reader.CdcSplitReader):
                     else "restart the query, which reads the batch again under a new snapshot"
                 )
             )
-        if written != [(n, k.type_oid, k.type_modifier) for n, k in table.columns]:
+        if written != catalog.layout(table):
             self._changed_in_snapshot(split, table, written)
         columns = snapshot.to_columns(rows, table.columns, f"chunk {split.split_id}")
         batches = self._schema.batches(
@@ -490,7 +490,7 @@ class LogDecoder:
     ) -> int:
         relation = self._relations[message.relation_oid]
         table = f"{relation.namespace}.{relation.name}"
-        names = [c.name for c in relation.columns]
+        names = tuple(c.name for c in relation.columns)
         # The table's key, not pgoutput's key flags: those mark the replica identity, every
         # column under REPLICA IDENTITY FULL. Each row is filtered by its chunk key's value.
         described = self._table_of(table)
@@ -521,7 +521,7 @@ class LogDecoder:
             converted = self._convert(relation, table, values)
             key = None if chunk_key is None else converted[chunk_key]
             if not self._filter.already_read(table, key, begin.xid, begin.final_lsn):
-                rows.setdefault((table, tuple(names)), []).append(
+                rows.setdefault((table, names), []).append(
                     (op, begin.final_lsn, begin.commit_ts, converted)
                 )
                 emitted += 1
@@ -559,7 +559,7 @@ class LogDecoder:
         table = f"{relation.namespace}.{relation.name}"
         described = self._table_of(table)
         written = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
-        if written == [(n, k.type_oid, k.type_modifier) for n, k in described.columns]:
+        if written == catalog.layout(described):
             self._checked.add(oid)
             return None
         new = self._describe(described, relation)
@@ -567,15 +567,9 @@ class LogDecoder:
         problem = difference.problem(described) if difference else None
         at = format_lsn(begin.final_lsn)
         if difference and (problem or not self._stop):
-            raise SchemaChangedError(
-                f"table {table}'s schema changed at log position {at}: {difference}; "
-                + (f"{problem}: no restart can follow it" if problem else "schemaChanges=fail")
-                + ": read the table again in a new query (new checkpoint and stateDir)",
-                table=table,
-                old=changes.columns_shown(described),
-                new=changes.columns_shown(new),
-                position=at,
-                recorded=False,
+            why = f"{problem}: no restart can follow it" if problem else "schemaChanges=fail"
+            raise changes.not_followed(
+                table, described, new, f"log position {at}", str(difference), why
             )
         if not difference or begin.final_lsn <= start:
             self._checked.add(oid)
