@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("checkpoint", help="the query's checkpointLocation")
     inspect.add_argument("--batch", type=int, help="micro-batch id (default: the latest)")
     inspect.add_argument(
-        "--state-dir", help="the query's stateDir, to list the finished splits kept there"
+        "--state-dir", help="the query's stateDir, where it keeps its splits and finished splits"
     )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)

@@ -2,12 +2,14 @@
 
 Spark writes one file per micro-batch under ``<checkpoint>/offsets/<batch>``: a version line,
 a metadata line, then one line per source with that source's offset. A splitflow offset is
-a full checkpoint of the source (see :mod:`splitflow.spark.offset`), so this shows, for a
+a full checkpoint of the source (see :mod:`splitflow.spark.offset`; with ``stateDir``, its bulk
+is in the state directory, :mod:`splitflow.spark.offsetstate`), so this shows, for a
 batch: which slot owns each split, the slice the batch reads (``start`` to ``stop``),
 what the enumerator holds itself, and what has finished; with an event-time column, each
 held split's watermark (the latest event time read from it). A query with option ``stateDir``
-keeps its finished splits in the state directory's ledger: pass ``--state-dir`` to list them
-(without it, their count is shown).
+keeps its splits and finished splits in the state directory: pass ``--state-dir`` to show
+them (without it, an offset whose splits are there is an error, and only the count of the
+finished splits is shown).
 
     python -m splitflow inspect /path/to/checkpoint            # the latest batch
     python -m splitflow inspect /path/to/checkpoint --batch 7  # a given batch
@@ -24,7 +26,9 @@ from typing import Any
 
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.eventtime import iso
-from splitflow.spark.ledger import LedgerRef, LedgerStore
+from splitflow.spark.ledger import LedgerStore
+from splitflow.spark.offsetstate import SMALL, OffsetState, expand_offset
+from splitflow.spark.snapshots import StateRef
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def read_checkpoint(
 ) -> list[SourceState]:
     """The splitflow sources' state in ``batch`` (default: the latest) of ``checkpoint``.
 
-    ``state_dir``: the query's ``stateDir``, to list finished splits kept in its ledger.
+    ``state_dir``: the query's ``stateDir``, where its splits and finished splits are kept.
     """
     offsets_dir = os.path.join(checkpoint, "offsets")
     batches = _batches(offsets_dir)
@@ -109,9 +113,8 @@ def read_checkpoint(
                 states.append(_source_state(chosen, committed, index, offset, state_dir))
             except CheckpointStateError as exc:
                 raise CheckpointStateError(
-                    f"batch {chosen}: {exc} (commits discard the ledger files of batches "
-                    "older than the last stateRetainBatches: without --state-dir, the "
-                    "batch's ledger size is shown)",
+                    f"batch {chosen}: {exc} (commits discard the state files of batches "
+                    "older than the last stateRetainBatches)",
                     path=exc.path,
                 ) from None
     return states
@@ -120,6 +123,13 @@ def read_checkpoint(
 def _source_state(
     batch: int, committed: bool, index: int, offset: dict[str, Any], state_dir: str | None
 ) -> SourceState:
+    if offset.get("splitflow") == SMALL and state_dir is None:
+        raise ConfigurationError(
+            f"batch {batch}: the query keeps its splits in its state directory: pass "
+            "--state-dir (option stateDir of the query)",
+            option="state-dir",
+        )
+    offset = expand_offset(offset, OffsetState(state_dir) if state_dir else None)
     rows = []
     enumerator = offset.get("enumerator", {})
     boundaries = enumerator.get("backlog", {})
@@ -142,7 +152,7 @@ def _source_state(
     finished = list(enumerator.get("finished", []))
     ledger_size = None
     if "ledger" in offset:
-        ref = LedgerRef.decode(offset["ledger"])
+        ref = StateRef.decode(offset["ledger"])
         if state_dir is None:
             ledger_size = ref.size
         else:

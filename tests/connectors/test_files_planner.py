@@ -55,7 +55,7 @@ class Driver:
         end = self.planner.latest_offset(self.offset, ReadAll())
         if end.get("seq") == self.offset.get("seq"):
             return None
-        rows = read_offset(self.source, BatchOffset.decode(end, self.source))
+        rows = read_offset(self.source, self.planner.read_offset(end))
         if self.offset.get("seq"):
             self.planner.commit(self.offset)  # Spark commits batch n once n+1 is planned
         self.offset = end
@@ -244,7 +244,7 @@ def test_files_found_when_a_run_starts_are_backlog_and_files_that_appear_later_a
     write(tmp_path, "new.json", 2)  # the live stream
     driver.batch()
     assert driver.batches[-1] == [("new.json", 0), ("new.json", 1)]
-    assert not BatchOffset.decode(driver.offset, driver.source).backlog
+    assert not driver.planner.read_offset(driver.offset).backlog
     offset = driver.offset
     driver.close()
 
@@ -253,7 +253,7 @@ def test_files_found_when_a_run_starts_are_backlog_and_files_that_appear_later_a
     restarted.offset = offset
     restarted.batch()
     assert restarted.batches[-1] == [("while-down.json", i) for i in range(4)]
-    assert BatchOffset.decode(restarted.offset, restarted.source).backlog
+    assert restarted.planner.read_offset(restarted.offset).backlog
     restarted.close()
 
 

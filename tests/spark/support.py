@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from splitflow.spark.offsetstate import OffsetState, expand_offset
+from splitflow.spark.statedir import StateStore
 from splitflow.testing.sequence import SequenceCatalog
 
 T = TypeVar("T")
@@ -208,13 +210,22 @@ def log_ids(checkpoint: Path, log: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
 
 
-def batches_reading_nothing(checkpoint: Path) -> list[int]:
+def expanded(offset: Mapping[str, Any], state_dir: str | Path | StateStore | None) -> Any:
+    """A splitflow offset as format 1 (the whole checkpoint), its state read back from the
+    query's ``state_dir`` if it keeps it there."""
+    if state_dir is None:
+        return expand_offset(offset, None)
+    store = state_dir if isinstance(state_dir, StateStore) else str(state_dir)
+    return expand_offset(offset, OffsetState(store))
+
+
+def batches_reading_nothing(checkpoint: Path, state_dir: Path | None = None) -> list[int]:
     """Batches whose splitflow offset (one source per query) gives no slice a record to read:
     a batch Spark ran for nothing."""
     empty = []
     for batch in log_ids(checkpoint, "offsets"):
         lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-        slots = json.loads(lines[2])["slots"]
+        slots = expanded(json.loads(lines[2]), state_dir)["slots"]
         if not any(stop > split["position"] for slot in slots for _, split, stop, *_ in slot):
             empty.append(batch)
     return empty

@@ -18,7 +18,6 @@ from tests.spark.backlog_source import BacklogLoggingSource
 from tests.spark.test_planner import DISCOVERY, FakeClock, Query, assert_exactly_once
 
 from splitflow.spark.limits import BacklogAware, MaxRecords, ReadAll
-from splitflow.spark.offset import BatchOffset
 from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
@@ -37,7 +36,7 @@ def planner(
 
 def boundaries(query: Query) -> dict[str, int]:
     """The boundaries in the query's last offset (the enumerator's, when it was planned)."""
-    return dict(BatchOffset.decode(query.offset, query.source).enumerator.backlog)
+    return dict(query.planner.read_offset(query.offset).enumerator.backlog)
 
 
 def live_boundaries(p: Planner[Any, Any]) -> dict[str, int]:
@@ -80,7 +79,7 @@ def test_batch_sizes_follow_the_backlog_flag_and_switch_when_the_last_split_cros
     clock.advance(1.0)
     query.drain(SIZED)
     sizes = [len(b) for b in query.batches]
-    flags = [BatchOffset.decode(end, query.source).backlog for end in query.ends]
+    flags = [query.planner.read_offset(end).backlog for end in query.ends]
     assert sizes == [50, 50, 50, 5, 5, 5], sizes
     assert flags == [True, True, True, False, False, False]
     assert_exactly_once(query.read, catalog.records())
@@ -181,7 +180,7 @@ def test_an_enumerator_can_hold_the_backlog_flag_itself() -> None:
     catalog.append("a", 100)
     clock.advance(1.0)
     assert len(query.batch(SIZED) or []) == 50
-    assert BatchOffset.decode(query.offset, query.source).enumerator.backlog_held
+    assert query.planner.read_offset(query.offset).enumerator.backlog_held
     restarted = Query(planner(catalog, clock), start=query.offset)
     restarted.batch(SIZED)
     assert restarted.planner.in_backlog  # held across the restart

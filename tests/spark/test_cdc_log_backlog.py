@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import log_ids, reported_splits, wait_until
+from tests.spark.support import expanded, log_ids, reported_splits, wait_until
 
 from splitflow.spark.limits import MaxBytes
 from splitflow.spark.options import RuntimeOptions
@@ -117,11 +117,12 @@ def wal_position(postgres: Postgres) -> int:
     return int(postgres.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0])
 
 
-def log_slices(checkpoint: Path) -> dict[int, tuple[int, int]]:
+def log_slices(checkpoint: Path, state_dir: Path) -> dict[int, tuple[int, int]]:
     """Batch id -> the log split's planned slice ``(position, stop)``, from the offsets."""
     slices = {}
     for batch in log_ids(checkpoint, "offsets"):
         offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
+        offset = expanded(offset, state_dir)
         for slot in offset["slots"]:
             for _, split, stop, *_ in slot:
                 if split["kind"] == "log":
@@ -129,10 +130,11 @@ def log_slices(checkpoint: Path) -> dict[int, tuple[int, int]]:
     return slices
 
 
-def chunk_batch(checkpoint: Path, table: str) -> int | None:
+def chunk_batch(checkpoint: Path, state_dir: Path, table: str) -> int | None:
     """The batch that reads ``table``'s (only) chunk, once planned."""
     for batch in log_ids(checkpoint, "offsets"):
         offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
+        offset = expanded(offset, state_dir)
         for slot in offset["slots"]:
             for _, split, stop, *_ in slot:
                 if split.get("table") == f"public.{table}" and stop > split["position"]:
@@ -188,7 +190,11 @@ def test_a_wal_backlog_built_during_the_snapshot_is_read_in_bounded_batches_exac
         lock.execute(f"LOCK TABLE {gate} IN ACCESS EXCLUSIVE MODE")
         # The gate's batch waits for the lock, and the batches before it have read the wide
         # table's chunks: every change the writer makes comes through the log.
-        held = wait_until("the gate's batch", lambda: check() and chunk_batch(checkpoint, gate), 60)
+        held = wait_until(
+            "the gate's batch",
+            lambda: check() and chunk_batch(checkpoint, tmp_path / "state", gate),
+            60,
+        )
         wait_until(
             "the wide table", lambda: check() and held - 1 in log_ids(checkpoint, "commits"), 60
         )
@@ -215,7 +221,7 @@ def test_a_wal_backlog_built_during_the_snapshot_is_read_in_bounded_batches_exac
         lock.close()
         query.stop()
 
-    slices = {b: s for b, s in log_slices(checkpoint).items() if s[1] > s[0]}
+    slices = {b: s for b, s in log_slices(checkpoint, tmp_path / "state").items() if s[1] > s[0]}
     spans = [stop - position for position, stop in slices.values()]
     assert all(span <= DEFAULT for span in spans), spans
     assert len(spans) >= math.ceil((end - int(start)) / DEFAULT) >= 4, spans

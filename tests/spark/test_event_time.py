@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 pytest.importorskip("pyspark")
 
 from tests.spark.lagging import LaggingDataSource
+from tests.spark.support import expanded
 
 from splitflow.errors import ConfigurationError
 from splitflow.spark.datasource import _partitions, read_partition
 from splitflow.spark.eventtime import EventTimeSettings
 from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.limits import BacklogAware, MaxRecords, ReadLimit
-from splitflow.spark.offset import BatchOffset
 from splitflow.spark.planner import Planner
 
 SECOND = 1_000_000
@@ -79,7 +79,7 @@ class Run:
         if end == self.offset:
             return None
         self.planner.commit(self.offset)
-        decoded = BatchOffset.decode(end, self.source)
+        decoded = self.planner.read_offset(end)
         parts = _partitions(self.source, decoded, self.ds.runtime)
         batches = [b for p in parts for b in read_partition(self.ds, p)]
         table = pa.Table.from_batches(batches) if batches else pa.table({})
@@ -87,8 +87,14 @@ class Run:
         self.offset = end
         return table
 
+    def full(self, offset: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """An offset (default: the last), its state read back from ``stateDir``."""
+        return dict(
+            expanded(self.offset if offset is None else offset, self.ds.runtime.state_store)
+        )
+
     def watermarks(self) -> dict[str, int]:
-        return {k: int(v) for k, v in self.offset.get("event_times", {}).items()}
+        return {k: int(v) for k, v in self.full().get("event_times", {}).items()}
 
 
 def roundtrip(offset: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,7 +145,7 @@ def per_split_max(table: pa.Table) -> dict[int, int]:
 def invariant_holds(run: Run, latest: int) -> bool:
     """After the batch just planned, ``latest`` (the latest event time read so far) is at
     most the drift past the next record of every split with records left."""
-    planned = BatchOffset.decode(run.offset, run.source)
+    planned = run.planner.read_offset(run.offset)
     unread = [
         s.split.event_time(s.stop)
         for slot in planned.slots
@@ -196,7 +202,7 @@ def test_splits_that_move_together_read_whole_shares(tmp_path: Path) -> None:
     for _ in range(3):
         plain.batch(400_000)
         aligned.batch(400_000)
-        assert aligned.offset["slots"] == plain.offset["slots"]
+        assert aligned.full()["slots"] == plain.full()["slots"]
     assert aligned.planner.lag()["pausedSplits"] == 0
 
 
@@ -209,7 +215,7 @@ def test_a_source_that_maps_no_position_is_searched_to_the_same_stops(tmp_path: 
     for _ in range(12):
         mapped.batch(40_000)
         searched.batch(40_000)
-        assert searched.offset["slots"] == mapped.offset["slots"]
+        assert searched.full()["slots"] == mapped.full()["slots"]
     assert dropped_by_spark(searched.batches) == 0
 
 
@@ -229,7 +235,7 @@ def test_a_coarse_index_neither_lets_a_split_past_the_limit_nor_stalls_it(
         report = run.planner.lag()
         limit = _micros(report["alignmentLimit"])
         assert max(per_split_max(table).values()) <= limit
-        planned = BatchOffset.decode(run.offset, run.source)
+        planned = run.planner.read_offset(run.offset)
         for slot in planned.slots:
             for piece in slot:
                 split = piece.split
@@ -292,7 +298,7 @@ def test_no_split_is_left_late_and_none_stalls(
         latest = 0
         for _ in range(40):
             table = run.batch(budget)
-            planned = BatchOffset.decode(run.offset, run.source)
+            planned = run.planner.read_offset(run.offset)
             left = any(s.stop < s.split.rows for slot in planned.slots for s in slot)
             if table is None:
                 assert not left, "a trigger planned no batch with records left"
@@ -328,7 +334,7 @@ def test_watermarks_survive_a_restart_and_a_rescale(tmp_path: Path) -> None:
     assert len(kept) == 4
     again = Run(lagging(tmp_path), clock, parallelism=3, start=first.offset)
     assert again.batch(20_000) is not None
-    planned = again.offset  # from the restored watermarks and the last batch's reports
+    planned = again.full()  # from the restored watermarks and the last batch's reports
     assert planned["event_times"].keys() == kept.keys()
     assert all(planned["event_times"][sid] >= t for sid, t in kept.items())
     # a second restart from the same offset plans the same watermarks: restored exactly
@@ -336,7 +342,7 @@ def test_watermarks_survive_a_restart_and_a_rescale(tmp_path: Path) -> None:
     restored = Planner(
         ds.create_source(), 3, clock=clock, state_dir=ds.runtime.state_dir, event_time=ds.event_time
     )
-    replanned = roundtrip(restored.latest_offset(first.offset, MaxRecords(20_000)))
+    replanned = again.full(roundtrip(restored.latest_offset(first.offset, MaxRecords(20_000))))
     assert replanned["event_times"] == planned["event_times"]
     assert replanned["slots"] == planned["slots"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import Job, log_ids, reported_splits, wait_until
+from tests.spark.support import Job, expanded, log_ids, reported_splits, wait_until
 from tests.support.event_time import (
     batch_recount,
     produce_lagging_topic,
@@ -212,7 +212,10 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
     restarted_at = max(log_ids(checkpoint, "offsets")) + 1
     run_until_paused("--parallelism=3", "--option=stallAfter=2000")
 
-    offsets = [_offset(checkpoint, batch) for batch in sorted(log_ids(checkpoint, "offsets"))]
+    state = tmp_path / "state"
+    offsets = [
+        _offset(checkpoint, batch, state) for batch in sorted(log_ids(checkpoint, "offsets"))
+    ]
     from tests.spark.lagging import LaggingDataSource
 
     source = LaggingDataSource({"splits": "4", "rowspersplit": "10000000"}).create_source()
@@ -242,9 +245,9 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
         assert stalled + 29 * SECOND < last_read[sid] <= stalled + 30 * SECOND
 
 
-def _offset(checkpoint: Path, batch: int) -> dict[str, Any]:
+def _offset(checkpoint: Path, batch: int, state_dir: Path) -> dict[str, Any]:
     lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
-    return dict(json.loads(lines[2]))
+    return dict(expanded(json.loads(lines[2]), state_dir))
 
 
 def _micros(text: str) -> int:

@@ -17,7 +17,6 @@ from splitflow.api.events import SourceEvent
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords, ReadAll
-from splitflow.spark.offset import BatchOffset
 from splitflow.spark.planner import Planner
 from splitflow.testing import SequenceCatalog, SequenceSource, SequenceSplit
 from splitflow.testing.sequence import SequenceEnumerator
@@ -188,11 +187,11 @@ def after_reader_1_sent_ping_1(
 
 def test_enumerator_events_travel_to_the_next_batch_of_their_slot(tmp_path: Path) -> None:
     source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
-    end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, MaxRecords(10))), source)
+    end2 = planner.read_offset(roundtrip(planner.latest_offset(end1, MaxRecords(10))))
     assert end2.to_readers == {1: (Ping(2),)}
     assert end2.has_tasks(1)
-    end3 = BatchOffset.decode(
-        roundtrip(planner.latest_offset(end2.encode(source), MaxRecords(10))), source
+    end3 = planner.read_offset(
+        roundtrip(planner.latest_offset(end2.encode(source), MaxRecords(10)))
     )
     assert end3.to_readers == {}  # delivered with batch 2's tasks, not again
 
@@ -248,13 +247,13 @@ def test_an_event_in_an_offset_that_no_longer_loads_fails_naming_its_batch(
 
     from splitflow.errors import IncompatibleCheckpointError
 
-    source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
+    _, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
     end2 = roundtrip(planner.latest_offset(end1, MaxRecords(10)))
     (event,) = end2["to_readers"]["1"]
     renamed = base64.b64decode(event).replace(b"Ping", b"Pong")
     end2["to_readers"]["1"] = [base64.b64encode(renamed).decode("ascii")]
     with pytest.raises(IncompatibleCheckpointError) as error:
-        BatchOffset.decode(end2, source)
+        planner.read_offset(end2)
     message = str(error.value)
     assert message.startswith(
         f"events to reader 1 in the splitflow offset of batch {end2['seq']}: "
@@ -269,14 +268,14 @@ def test_an_enumerator_event_waits_for_a_batch_where_its_slot_has_a_task(tmp_pat
     end1 = roundtrip(planner.latest_offset(start, ReadAll()))  # reads all 200: nothing left
     EventStore(str(tmp_path)).write(1, 0, slot=0, events=[Ping(5)])
     catalog.append("b", 3)  # only slot 1's split has data in batch 2
-    offset2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, ReadAll())), source)
+    offset2 = planner.read_offset(roundtrip(planner.latest_offset(end1, ReadAll())))
     owner_of_b = next(i for i, slot in enumerate(offset2.slots) if slot[0].split.name == "b")
     assert owner_of_b == 1
     assert offset2.to_readers == {0: (Ping(6),)}
     assert not offset2.has_tasks(0)
     catalog.append("a", 2)
-    offset3 = BatchOffset.decode(
-        roundtrip(planner.latest_offset(offset2.encode(source), ReadAll())), source
+    offset3 = planner.read_offset(
+        roundtrip(planner.latest_offset(offset2.encode(source), ReadAll()))
     )
     assert offset3.has_tasks(0)
     assert offset3.to_readers == {0: (Ping(6),)}  # carried over to a batch that runs slot 0
@@ -290,7 +289,7 @@ def test_a_slot_cut_into_several_tasks_gets_its_events_in_its_first_task_only(
     from splitflow.spark.options import RuntimeOptions
 
     source, planner, end1 = after_reader_1_sent_ping_1(tmp_path)
-    end2 = BatchOffset.decode(roundtrip(planner.latest_offset(end1, ReadAll())), source)
+    end2 = planner.read_offset(roundtrip(planner.latest_offset(end1, ReadAll())))
     tasks = _partitions(source, end2, RuntimeOptions(max_records_per_task=10))
     slot1 = [t for t in tasks if t.slot == 1]
     assert len(slot1) > 1

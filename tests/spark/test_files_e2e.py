@@ -436,7 +436,7 @@ def test_available_now_runs_the_batches_spark_runs_with_none_empty_and_cleans_ev
         assert len(left) == ours[-1] // ROWS_PER_FILE, "every batch but the last archived"
         assert len(left) == len(list((tmp_path / "spark_src").iterdir())), "as many as Spark's"
     assert left == ["g.json"], "the first run's last files were archived by the second"
-    assert batches_reading_nothing(tmp_path / "chk") == []
+    assert batches_reading_nothing(tmp_path / "chk", tmp_path / "state") == []
     assert_exactly_once(sink_rows(spark, tmp_path / "out"), expected_rows([*names, "g.json"]))
 
 

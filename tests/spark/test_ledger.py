@@ -23,10 +23,10 @@ from splitflow.api.events import SplitEventTimesEvent
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.inspect import read_checkpoint
 from splitflow.spark.events import EventStore
-from splitflow.spark.ledger import COMPACT_EVERY, RETAIN_BATCHES, LedgerRef, LedgerStore
+from splitflow.spark.ledger import COMPACT_EVERY, LedgerStore
 from splitflow.spark.limits import ReadAll
-from splitflow.spark.offset import BatchOffset
 from splitflow.spark.planner import Planner
+from splitflow.spark.snapshots import RETAIN_BATCHES, StateRef
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=60)
@@ -47,7 +47,7 @@ def test_every_ledger_written_loads_back_exactly(steps: list[tuple[set[int], set
     with _tmpdir() as state_dir:
         store = LedgerStore(state_dir)
         ids: set[str] = set()
-        written: list[tuple[LedgerRef, frozenset[str]]] = []
+        written: list[tuple[StateRef, frozenset[str]]] = []
         for seq, (added, dropped) in enumerate(steps):
             ids |= {f"s{i}" for i in added}
             ids -= {f"s{i}" for i in dropped if i % 3 == 0}  # mostly grows
@@ -63,7 +63,7 @@ def test_a_batch_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
     first = store.write(1, frozenset({"a"}))
     assert store.write(2, frozenset({"a"})) == first
     second = store.write(3, frozenset({"a", "b"}))
-    assert second == LedgerRef(1, (3,), 2)
+    assert second == StateRef(1, (3,), 2)
     assert sorted(os.listdir(tmp_path / "ledger")) == ["delta-3.json", "snapshot-1.json"]
     delta = json.loads((tmp_path / "ledger" / "delta-3.json").read_text())
     assert delta == {"add": ["b"], "drop": []}
@@ -74,7 +74,7 @@ def test_the_ledger_is_written_whole_again_after_compact_every_deltas(tmp_path: 
     refs = [store.write(seq, frozenset(f"s{i}" for i in range(seq + 1))) for seq in range(25)]
     assert [r.base for r in refs] == [0] * 11 + [11] * 11 + [22] * 3
     assert refs[10].deltas == tuple(range(1, 11))
-    assert refs[11] == LedgerRef(11, (), 12)
+    assert refs[11] == StateRef(11, (), 12)
 
 
 def test_committing_deletes_only_files_no_kept_offset_needs(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_a_restore_deletes_the_files_of_later_batches_before_they_are_planned_ag
     store = LedgerStore(str(tmp_path))
     ids = [frozenset(f"s{i}" for i in range(seq + 1)) for seq in range(15)]
     refs = [store.write(seq, ids[seq]) for seq in range(15)]
-    assert refs[11] == LedgerRef(11, (), 12)
+    assert refs[11] == StateRef(11, (), 12)
 
     again = LedgerStore(str(tmp_path))
     assert again.load(refs[9]) == ids[9]
@@ -112,7 +112,7 @@ def test_a_restore_deletes_the_files_of_later_batches_before_they_are_planned_ag
     )
     assert again.write(10, ids[9]) == refs[9]
     replanned = again.write(11, ids[9] | {"late"})
-    assert replanned == LedgerRef(0, (*range(1, 10), 11), 11)
+    assert replanned == StateRef(0, (*range(1, 10), 11), 11)
     again.keep_from(11)
     assert LedgerStore(str(tmp_path)).load(replanned) == ids[9] | {"late"}
     assert LedgerStore(str(tmp_path)).load(refs[9]) == ids[9]
@@ -175,7 +175,7 @@ def test_with_a_state_dir_offsets_stay_the_same_size_as_finished_splits_pile_up(
         sizes.append(len(json.dumps(query.offset)))
         assert "file-0-000" not in json.dumps(query.offset)
     assert max(sizes) - min(sizes) < 100, sizes  # bytes: the ledger reference only
-    offset = BatchOffset.decode(query.offset, query.source)
+    offset = query.planner.read_offset(query.offset)
     assert offset.ledger is not None
     assert offset.ledger.size == 800
     assert offset.enumerator.finished == frozenset()
@@ -184,7 +184,7 @@ def test_with_a_state_dir_offsets_stay_the_same_size_as_finished_splits_pile_up(
     catalog_inline, clock_inline = SequenceCatalog({"live": 1}), FakeClock()
     inline = Query(planner(catalog_inline, clock_inline, None))
     finish_splits(inline, catalog_inline, clock_inline, [f"f{i:03d}" for i in range(200)])
-    assert len(BatchOffset.decode(inline.offset, inline.source).enumerator.finished) == 200
+    assert len(inline.planner.read_offset(inline.offset).enumerator.finished) == 200
 
 
 def test_a_restarted_query_never_reads_a_finished_split_again(tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_a_restarted_query_never_reads_a_finished_split_again(tmp_path: Path) ->
     catalog.append("live", 2)
     finish_splits(after, catalog, clock, ["g0", "g1"])
     assert_exactly_once(before.read + after.read, catalog.records())
-    restored = BatchOffset.decode(after.offset, after.source)
+    restored = after.planner.read_offset(after.offset)
     assert restored.ledger is not None
     assert LedgerStore(str(tmp_path)).load(restored.ledger) == {
         *(f"f{i}" for i in range(30)),
@@ -261,7 +261,7 @@ def test_after_150_batches_every_offset_spark_keeps_restores_and_older_state_is_
     assert [end["seq"] for end in kept] == list(range(51, 152))
     referred = set()
     for end in kept:
-        ref = LedgerRef.decode(end["ledger"])
+        ref = StateRef.decode(end["ledger"])
         assert LedgerStore(str(tmp_path)).load(ref) == finished[end["seq"]]
         assert events.read(end["seq"])[1] == [(0, SplitEventTimesEvent.of({"live": end["seq"]}))]
         referred |= {f"snapshot-{ref.base}.json", *(f"delta-{d}.json" for d in ref.deltas)}
@@ -269,7 +269,7 @@ def test_after_150_batches_every_offset_spark_keeps_restores_and_older_state_is_
     assert sorted(map(int, os.listdir(tmp_path / "events"))) == list(range(51, 152))
     older = next(end for end in query.ends if end["ledger"]["base"] < kept[0]["ledger"]["base"])
     with pytest.raises(CheckpointStateError, match="is missing"):
-        LedgerStore(str(tmp_path)).load(LedgerRef.decode(older["ledger"]))
+        LedgerStore(str(tmp_path)).load(StateRef.decode(older["ledger"]))
 
     rolled_back = Query(planner(catalog, clock, tmp_path), start=kept[0])
     catalog.append("live", 3)
@@ -279,7 +279,9 @@ def test_after_150_batches_every_offset_spark_keeps_restores_and_older_state_is_
     assert_exactly_once(read_before + rolled_back.read, catalog.records())
 
 
-def test_inspect_counts_ledger_splits_and_lists_them_with_the_state_dir(tmp_path: Path) -> None:
+def test_inspect_lists_ledger_splits_with_the_state_dir_and_asks_for_it_without(
+    tmp_path: Path,
+) -> None:
     clock = FakeClock()
     catalog = SequenceCatalog({"live": 1})
     query = Query(planner(catalog, clock, tmp_path / "state"))
@@ -288,9 +290,8 @@ def test_inspect_counts_ledger_splits_and_lists_them_with_the_state_dir(tmp_path
     offsets.mkdir(parents=True)
     (offsets / "0").write_text("v1\n{}\n" + json.dumps(query.offset) + "\n")
 
-    [counted] = read_checkpoint(str(tmp_path / "chk"))
-    assert counted.ledger_size == 2
-    assert not [r for r in counted.splits if r.state == "finished"]
+    with pytest.raises(ConfigurationError, match="pass --state-dir"):
+        read_checkpoint(str(tmp_path / "chk"))  # its splits are in the state directory
     [listed] = read_checkpoint(str(tmp_path / "chk"), state_dir=str(tmp_path / "state"))
     assert sorted(r.split_id for r in listed.splits if r.state == "finished") == ["f0", "f1"]
 

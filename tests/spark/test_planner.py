@@ -68,10 +68,10 @@ def as_spark_stores_it(offset: Mapping[str, Any]) -> Offset:
 
 
 def records_of(
-    end: Mapping[str, Any], source: SequenceSource, max_records_per_task: int | None = None
+    end: Mapping[str, Any], planner: Planner[Any, Any], max_records_per_task: int | None = None
 ) -> list[Record]:
     """What Spark's tasks read for the batch that ends at ``end``."""
-    tasks = plan_partitions(BatchOffset.decode(end, source), max_records_per_task)
+    tasks = plan_partitions(planner.read_offset(end), max_records_per_task)
     return [
         (piece.split.name, position)
         for _, pieces in tasks
@@ -85,14 +85,14 @@ def write_task_events(planner: Planner[Any, Any], end: Mapping[str, Any]) -> Non
     directory, if it has one: its reader events (none, with the sequence source)."""
     store = planner._events
     if store is not None:
-        tasks = plan_partitions(BatchOffset.decode(end, planner.source), None)
+        tasks = plan_partitions(planner.read_offset(end), None)
         for index, (slot, _) in enumerate(tasks):
             store.write(int(end["seq"]), index, slot, [])
 
 
-def slot_splits(offset: Mapping[str, Any], source: SequenceSource) -> list[list[str]]:
+def slot_splits(offset: Mapping[str, Any], planner: Planner[Any, Any]) -> list[list[str]]:
     """Split ids each slot holds after an offset's batch."""
-    states = BatchOffset.decode(offset, source).reader_states()
+    states = planner.read_offset(offset).reader_states()
     return [[split.split_id for split in states[slot]] for slot in sorted(states)]
 
 
@@ -135,7 +135,7 @@ class Query:
         again after a restart), so ``commit`` lags one batch behind.
         """
         self.planner.commit(self.offset)
-        records = records_of(end, self.source)
+        records = records_of(end, self.planner)
         write_task_events(self.planner, end)
         self.read.extend(records)
         self.batches.append(records)
@@ -295,8 +295,8 @@ def test_plan_partitions_is_pure_the_same_offset_gives_the_same_tasks(clock: Fak
     planner = planner_for(catalog, clock, parallelism=3)
     end = as_spark_stores_it(planner.latest_offset(planner.initial_offset(), MaxRecords(30)))
     catalog.append("a", 100)  # the data moving on changes nothing about a planned batch
-    first = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, planner.source), 4))
-    again = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, planner.source), 4))
+    first = tasks_as_ranges(plan_partitions(planner.read_offset(end), 4))
+    again = tasks_as_ranges(plan_partitions(planner.read_offset(end), 4))
     elsewhere = SequenceSource(catalog, discovery_interval=DISCOVERY)  # another process
     there = tasks_as_ranges(plan_partitions(BatchOffset.decode(end, elsewhere), 4))
     assert first == again == there
@@ -394,10 +394,10 @@ def test_initial_offset_assigns_every_split_to_one_slot_and_reads_nothing(
     catalog = SequenceCatalog({f"s{i}": i for i in range(5)})
     planner = planner_for(catalog, clock, parallelism=2)
     start = as_spark_stores_it(planner.initial_offset())
-    slots = slot_splits(start, planner.source)
+    slots = slot_splits(start, planner)
     assert sorted(sid for slot in slots for sid in slot) == [f"s{i}" for i in range(5)]
     assert sorted(len(slot) for slot in slots) == [2, 3]
-    assert records_of(start, planner.source) == []
+    assert records_of(start, planner) == []
 
 
 def test_initial_offset_stays_the_offset_before_the_first_batch(clock: FakeClock) -> None:
@@ -565,10 +565,10 @@ def test_a_split_sealed_after_its_last_read_finishes_without_a_batch_of_its_own(
     end = query.plan()
     assert end is not None
     assert query.run(end) == [("b", 3), ("b", 4)]
-    decoded = BatchOffset.decode(end, query.source)
+    decoded = query.planner.read_offset(end)
     assert "a" in decoded.enumerator.finished
     assert "a" not in decoded.enumerator.assigned
-    assert all("a" not in slot for slot in slot_splits(end, query.source))
+    assert all("a" not in slot for slot in slot_splits(end, query.planner))
     assert query.plan() is None  # finished once, not again in every batch
     assert_exactly_once(query.read, catalog.records())
 
@@ -587,7 +587,7 @@ def test_a_restart_from_an_offset_that_holds_a_split_at_its_end_finishes_it(
     assert "a" in restarted.planner.coordinator.enumerator.finished_splits()  # type: ignore[attr-defined]
     catalog.append("b", 1)
     assert restarted.batch() == [("b", 3)]
-    assert "a" in BatchOffset.decode(restarted.offset, query.source).enumerator.finished
+    assert "a" in query.planner.read_offset(restarted.offset).enumerator.finished
 
 
 def test_a_sealed_split_is_read_to_its_end_before_it_finishes(clock: FakeClock) -> None:
@@ -595,9 +595,9 @@ def test_a_sealed_split_is_read_to_its_end_before_it_finishes(clock: FakeClock) 
     query = Query(planner_for(catalog, clock))
     catalog.seal("a")
     assert query.batch(MaxRecords(3)) == [("a", 0), ("a", 1), ("a", 2)]
-    assert "a" not in BatchOffset.decode(query.offset, query.source).enumerator.finished
+    assert "a" not in query.planner.read_offset(query.offset).enumerator.finished
     assert query.batch(MaxRecords(3)) == [("a", 3), ("a", 4)]
-    last = BatchOffset.decode(query.offset, query.source)
+    last = query.planner.read_offset(query.offset)
     assert "a" in last.enumerator.finished, "the batch that reads its end finishes it"
     assert [s.ends for slot in last.slots for s in slot] == [True]
     assert last.reader_states() == {0: [], 1: []}
@@ -611,9 +611,9 @@ def test_a_bounded_source_finishes_every_split_after_reading_it(clock: FakeClock
     catalog.append("a", 10)  # beyond the end the bounded split was discovered with
     query.drain()
     assert sorted(query.read) == [("a", i) for i in range(4)] + [("b", 0), ("b", 1)]
-    finished = BatchOffset.decode(query.offset, query.source).enumerator.finished
+    finished = query.planner.read_offset(query.offset).enumerator.finished
     assert finished == frozenset({"a", "b"})
-    assert slot_splits(query.offset, query.source) == [[], []]
+    assert slot_splits(query.offset, query.planner) == [[], []]
 
 
 def test_a_removed_split_is_dropped_from_its_slot(clock: FakeClock) -> None:
@@ -625,8 +625,8 @@ def test_a_removed_split_is_dropped_from_its_slot(clock: FakeClock) -> None:
     catalog.append("a", 1)
     assert query.batch() == [("a", 3)]
     assert "b" not in query.planner.lag()["splits"]
-    assert all("b" not in slot for slot in slot_splits(query.offset, query.source))
-    enumerator = BatchOffset.decode(query.offset, query.source).enumerator
+    assert all("b" not in slot for slot in slot_splits(query.offset, query.planner))
+    enumerator = query.planner.read_offset(query.offset).enumerator
     assert "b" not in enumerator.assigned
     assert all(s.split_id != "b" for s in enumerator.unassigned)
 
@@ -743,14 +743,12 @@ def test_a_replayed_batch_reads_the_same_records_and_the_query_continues(
     run_batches(before, catalog, clock, 2)
     logged = before.plan(MaxRecords(9))  # in Spark's offset log; the driver dies mid-batch
     assert logged is not None
-    planned_by_old = tasks_as_ranges(plan_partitions(BatchOffset.decode(logged, before.source), 4))
+    planned_by_old = tasks_as_ranges(plan_partitions(before.planner.read_offset(logged), 4))
     catalog.append("a", 7)
 
     new_planner = planner_for(catalog, clock)
     # Spark replays with partitions(start, end) before any latestOffset call
-    planned_by_new = tasks_as_ranges(
-        plan_partitions(BatchOffset.decode(logged, new_planner.source), 4)
-    )
+    planned_by_new = tasks_as_ranges(plan_partitions(new_planner.read_offset(logged), 4))
     assert planned_by_new == planned_by_old
     after = Query(new_planner, start=before.offset)
     after.run(logged)
@@ -763,14 +761,14 @@ def test_a_finished_split_stays_finished_after_a_restore(clock: FakeClock) -> No
     catalog.seal("b")
     before = Query(planner_for(catalog, clock))
     before.drain()
-    assert "b" in BatchOffset.decode(before.offset, before.source).enumerator.finished
+    assert "b" in before.planner.read_offset(before.offset).enumerator.finished
 
     after = Query(planner_for(catalog, clock), start=before.offset)
     clock.advance(DISCOVERY)
     catalog.append("a", 1)
     after.drain()
     assert after.read == [("a", 4)]
-    assert "b" in BatchOffset.decode(after.offset, after.source).enumerator.finished
+    assert "b" in after.planner.read_offset(after.offset).enumerator.finished
 
 
 # -- rescale --------------------------------------------------------------------------------------
@@ -790,7 +788,7 @@ def test_a_restart_with_another_parallelism_balances_splits_and_stays_exactly_on
     after = Query(planner_for(catalog, clock, parallelism=new), start=before.offset)
     end = after.plan(MaxRecords(40))
     assert end is not None
-    loads = [len(slot) for slot in slot_splits(end, after.source)]
+    loads = [len(slot) for slot in slot_splits(end, after.planner)]
     assert len(loads) == new
     assert sum(loads) == 11
     assert max(loads) - min(loads) <= 1, f"slot loads {loads}"
@@ -819,7 +817,7 @@ def test_batch_offset_round_trips_through_json(clock: FakeClock) -> None:
     catalog.seal("b")
     query = Query(planner_for(catalog, clock))
     query.drain(MaxRecords(5))
-    decoded = BatchOffset.decode(query.offset, query.source)
+    decoded = query.planner.read_offset(query.offset)
     assert decoded.encode(query.source) == query.offset
     assert BatchOffset.decode(as_spark_stores_it(decoded.encode(query.source)), query.source) == (
         decoded
@@ -872,7 +870,9 @@ def test_lag_reports_owner_position_and_the_latest_the_batch_was_planned_against
     catalog.append("b", 2)  # after planning: not in this batch's report
     lag = query.planner.lag()
     owners = {
-        sid: slot for slot, ids in enumerate(slot_splits(query.offset, query.source)) for sid in ids
+        sid: slot
+        for slot, ids in enumerate(slot_splits(query.offset, query.planner))
+        for sid in ids
     }
     read = Counter(name for name, _ in query.read)
     assert lag["backlog"] is True  # the records there at the start are the backlog

@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.spark.test_planner import DISCOVERY, FakeClock, Query
 
 from splitflow.api.events import SliceEndedEvent
-from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.offset import plan_partitions
 from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
@@ -19,9 +19,9 @@ def planner(catalog: SequenceCatalog, clock: FakeClock, state: Path) -> Planner[
     return Planner(source, 1, clock=clock, state_dir=str(state))
 
 
-def starts(end: dict[str, object], source: SequenceSource) -> dict[str, tuple[int, int]]:
+def starts(end: dict[str, object], driver: Planner[object, object]) -> dict[str, tuple[int, int]]:
     """Split name -> (start, stop) of each slice the batch ending at ``end`` reads."""
-    tasks = plan_partitions(BatchOffset.decode(end, source), None)
+    tasks = plan_partitions(driver.read_offset(end), None)
     return {p.split.name: (p.split.position, p.stop) for _, pieces in tasks for p in pieces}
 
 
@@ -38,9 +38,9 @@ def test_the_next_slice_starts_where_the_reader_ended_the_last(tmp_path: Path) -
 
     second = query.plan()
     assert second is not None
-    assert starts(second, query.source) == {"a": (4, 15), "b": (10, 15)}
+    assert starts(second, query.planner) == {"a": (4, 15), "b": (10, 15)}
 
     restarted = Query(planner(catalog, clock, tmp_path), start=first)
     again = restarted.plan()
     assert again is not None
-    assert starts(again, restarted.source) == starts(second, query.source)
+    assert starts(again, restarted.planner) == starts(second, query.planner)

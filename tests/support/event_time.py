@@ -20,6 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from splitflow.spark.offsetstate import OffsetState, expand_offset
+
 WINDOW_MS = 60_000
 DELAY = "30 seconds"
 PARTITIONS = 4
@@ -164,18 +166,18 @@ def run_windows(
         ),
         closed=closed,
         batches=sum(1 for p in progress if p["numInputRows"] > 0),
-        watermarks=offset_watermarks(workdir / "checkpoint"),
+        watermarks=offset_watermarks(workdir / "checkpoint", workdir / "state"),
         seconds=seconds,
     )
 
 
-def offset_watermarks(checkpoint: Path) -> list[dict[str, int]]:
+def offset_watermarks(checkpoint: Path, state_dir: Path) -> list[dict[str, int]]:
     """Each logged batch's per-split watermarks (µs), in batch order, from its offset file."""
     folder = checkpoint / "offsets"
     result = []
     for name in sorted((n for n in os.listdir(folder) if n.isdigit()), key=int):
         lines = (folder / name).read_text(encoding="utf-8").splitlines()
-        offset = json.loads(lines[2])
+        offset = expand_offset(json.loads(lines[2]), OffsetState(str(state_dir)))
         result.append({k: int(v) for k, v in offset.get("event_times", {}).items()})
     return result
 

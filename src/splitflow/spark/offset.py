@@ -13,7 +13,7 @@ from splitflow.api.source import Source
 from splitflow.api.split import JsonDict, SplitT, with_position
 from splitflow.errors import IncompatibleCheckpointError
 from splitflow.spark.events import decode_events, encode_events
-from splitflow.spark.ledger import LedgerRef
+from splitflow.spark.snapshots import StateRef
 
 OFFSET_FORMAT = 1
 SplitCache = dict[int, tuple[Any, list[Any]]]
@@ -47,7 +47,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     """Reader events of batches up to this one are applied to ``enumerator``."""
     to_readers: Mapping[int, tuple[SourceEvent, ...]] = field(default_factory=dict)
     """Events from the enumerator for each slot's tasks of this batch."""
-    ledger: LedgerRef | None = None
+    ledger: StateRef | None = None
     """Where ``enumerator``'s ledger is, when it is kept in the state directory (then
     ``enumerator`` holds the rest of the state; see :mod:`splitflow.spark.ledger`)."""
     event_times: Mapping[str, int] = field(default_factory=dict)
@@ -144,7 +144,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 )
                 for r, e in data.get("to_readers", {}).items()
             },
-            ledger=LedgerRef.decode(data["ledger"]) if "ledger" in data else None,
+            ledger=StateRef.decode(data["ledger"]) if "ledger" in data else None,
             event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
             owner=data.get("owner"),
         )

@@ -62,7 +62,6 @@ from typing import Any
 
 from splitflow.api.options import parse_bytes, parse_duration, parse_positive_int
 from splitflow.errors import ConfigurationError
-from splitflow.spark.ledger import RETAIN_BATCHES
 from splitflow.spark.limits import (
     BacklogAware,
     MaxBytes,
@@ -71,6 +70,7 @@ from splitflow.spark.limits import (
     ReadAll,
     ReadLimit,
 )
+from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import StateStore, absolute, storage_options
 
 NAMES = (

@@ -9,10 +9,11 @@ finished and removed splits), learn how far every split can be read now
 checkpoint ``n`` and encode all of it as Spark's end offset of the batch.
 
 So Spark's offset of a batch holds everything: the enumerator's snapshot, every slot's
-splits and each split's slice. ``partitions(start, end)`` reads only ``end``, which makes a
-replay after a crash read exactly the same records, and a restart (with the same or another
-parallelism) restores the coordinator from the start offset through the global-restore
-path: slots report their splits and the enumerator redistributes them.
+splits and each split's slice (with ``stateDir``, the bulk of it in files the offset names:
+:mod:`splitflow.spark.offsetstate`). ``partitions(start, end)`` reads only ``end``, which
+makes a replay after a crash read exactly the same records, and a restart (with the same or
+another parallelism) restores the coordinator from the start offset through the
+global-restore path: slots report their splits and the enumerator redistributes them.
 
 The offset's format and the batch's tasks are :mod:`splitflow.spark.offset`; the read
 limits and how a budget is shared over splits, :mod:`splitflow.spark.limits`; event-time
@@ -57,9 +58,11 @@ from splitflow.errors import (
 from splitflow.spark.alignment import Aligner, Alignment, capped
 from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
-from splitflow.spark.ledger import RETAIN_BATCHES, LedgerStore
+from splitflow.spark.ledger import LedgerStore
 from splitflow.spark.limits import BacklogAware, MinRecords, ReadLimit, reads_under
 from splitflow.spark.offset import BatchOffset, Slice, SplitCache
+from splitflow.spark.offsetstate import OffsetState, expand_offset
+from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
 
 log = logging.getLogger("splitflow.spark")
@@ -99,6 +102,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             codec if isinstance(codec, LedgerCodec) else None
         )
         self._ledger = LedgerStore(state_dir) if state_dir and self._ledgers else None
+        self._offsets = OffsetState(state_dir) if state_dir else None  # small offsets
         self._warned_ledger = False
         self.retain_batches = retain_batches  # offsets Spark keeps (their state files stay)
         self._resumed_at: int | None = None  # restored from this batch; stale state not dropped
@@ -234,7 +238,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             return
         if self._coordinator is not None and self._planned_last(start):
             return  # the batch planned last: no need to decode the whole offset
-        decoded = BatchOffset.decode(start, self.source)
+        decoded = self._decode(start)
         log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
         self._start(decoded)
 
@@ -252,6 +256,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._pump()
             if self._fix_target:
                 self._fix_target_now()
+            # in full: Spark asks for it again to replay batch 0, and keeps it nowhere
             self._initial = self._snapshot(0, {}).encode(self.source, self._encoded)
         return dict(self._initial)
 
@@ -325,7 +330,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = (self._last.seq if self._last else 0) + 1
         offset = self._snapshot(seq, reads, self._ends(reads, extents))
         self._last_batch_at = self._clock()
-        return offset.encode(self.source, self._encoded)
+        encoded = offset.encode(self.source, self._encoded)
+        return encoded if self._offsets is None else self._offsets.compact(encoded)
 
     def planned(self, end: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
         """``end`` decoded; without decoding when it is the offset this planner planned last.
@@ -335,7 +341,20 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         if self._last is not None and self._planned_last(end):
             return self._last
-        return BatchOffset.decode(end, self.source)
+        return self._decode(end)
+
+    def _decode(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
+        """A Spark offset of this query (format 2: its state read from ``stateDir``); the
+        state files this planner writes next build on it."""
+        if self._owner is not None and offset.get("state") is not None:
+            self._owner.expect(offset.get("owner"))
+        return BatchOffset.decode(expand_offset(offset, self._offsets), self.source)
+
+    def read_offset(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
+        """A Spark offset of this query, read as a restarted driver reads it, without
+        changing what this planner writes next (for tools and tests)."""
+        state = OffsetState(self._offsets.store) if self._offsets is not None else None
+        return BatchOffset.decode(expand_offset(offset, state), self.source)
 
     def pin(self, offset: BatchOffset[SplitT, EnumStateT]) -> SourceEvent | None:
         """The event every task of batch ``offset`` hands its reader first, from the source's
@@ -389,17 +408,21 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._events.keep_from(oldest)
         if self._ledger is not None:
             self._ledger.keep_from(oldest)
+        if self._offsets is not None:
+            self._offsets.keep_from(oldest)
 
     def _drop_abandoned_state(self) -> None:
         """Once per run, after a restore from batch k and the owner check: delete the state
         files of batches after k, which no offset Spark keeps refers to (rolled back, or lost
         in a crash); the batches planned next write their own. See the clean-up rules in
-        :mod:`splitflow.spark.ledger` and :mod:`splitflow.spark.events`."""
+        :mod:`splitflow.spark.snapshots` and :mod:`splitflow.spark.events`."""
         seq, self._resumed_at = self._resumed_at, None
         if seq is not None and self._events is not None:
             self._events.resume_at(seq)
         if seq is not None and self._ledger is not None:
             self._ledger.resume_at(seq)
+        if seq is not None and self._offsets is not None:
+            self._offsets.resume_at(seq)
 
     def _apply_reader_events(self, completed: int) -> None:
         """Hand the enumerator the events of batches up to ``completed``, once each.
@@ -686,31 +709,40 @@ class Planner(Generic[SplitT, EnumStateT]):
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        rows: list[tuple[str, dict[str, Any]]] = []
+        lags: list[tuple[int, str, int]] = []  # (lag, split id, slot): a row is made for few
         slots = []
         for slot_id in sorted(self._slots):
             slot_lag = 0
             for sid, split in self._sorted_slot(slot_id).items():
                 extent = extents.get(sid)
-                latest = None if extent is None else extent.latest
-                lag = None if extent is None else max(0, extent.exists_to - split.position)
-                slot_lag += lag or 0
-                row = {"owner": slot_id, "position": split.position, "latest": latest, "lag": lag}
-                if extent is not None and extent.available is not None:
-                    row["available"] = extent.available
-                if sid in boundaries:
-                    row["backlogBoundary"] = boundaries[sid]
-                    row["toBoundary"] = max(0, boundaries[sid] - split.position)
-                row.update(self._split_event_time(sid))
-                rows.append((sid, row))
+                lag = 0 if extent is None else max(0, extent.exists_to - split.position)
+                slot_lag += lag
+                lags.append((lag, sid, slot_id))
             slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
-        if len(rows) > self.progress_splits:
-            rows = heapq.nlargest(self.progress_splits, rows, key=lambda r: r[1]["lag"] or 0)
+        if len(lags) > self.progress_splits:
+            lags = heapq.nlargest(self.progress_splits, lags, key=lambda r: r[0])
+        rows = {}
+        for _, sid, slot_id in lags:
+            split = self._slots[slot_id][sid]
+            extent = extents.get(sid)
+            row = {
+                "owner": slot_id,
+                "position": split.position,
+                "latest": None if extent is None else extent.latest,
+                "lag": None if extent is None else max(0, extent.exists_to - split.position),
+            }
+            if extent is not None and extent.available is not None:
+                row["available"] = extent.available
+            if sid in boundaries:
+                row["backlogBoundary"] = boundaries[sid]
+                row["toBoundary"] = max(0, boundaries[sid] - split.position)
+            row.update(self._split_event_time(sid))
+            rows[sid] = row
         return {
             "splitCount": sum(s["splits"] for s in slots),
             "totalLag": sum(s["lag"] for s in slots),
             "slots": slots,
-            "splits": dict(rows),
+            "splits": rows,
             "backlog": bool(self._coordinator and self.in_backlog),
             "backlogSplits": len(boundaries),
             **self._event_time_report(),

@@ -450,6 +450,13 @@ class Owner:
         self._taken = self._committed = False
         return self.token
 
+    def expect(self, token: str | None) -> None:
+        """Before reading an offset's state from the directory: a directory another query
+        holds is refused (its files are not the offset's). Writes nothing."""
+        found = self._read()
+        if token is not None and found is not None and found.get("token") != token:
+            raise self._refuse("belongs to another query than this checkpoint's")
+
     def check(self) -> None:
         """Before planning a batch: take the directory, or make sure it is still ours."""
         found = self._read()

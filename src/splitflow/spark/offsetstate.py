@@ -1,0 +1,196 @@
+"""Small offsets: with ``stateDir``, the bulk of each offset lives in the state directory.
+
+Without a state directory, Spark's offset of a batch is the whole checkpoint of the source
+(:class:`~splitflow.spark.offset.BatchOffset`, format 1): the enumerator's state, every
+slot's splits with their slices, each split's watermark. That grows with the number of
+live splits (about 100 bytes each), and Spark parses it several times per batch and keeps a
+hundred of them. With a state directory the planner hands Spark a format-2 offset instead:
+the same offset with those three parts (the *state*) moved into files, and a
+:class:`~splitflow.spark.snapshots.StateRef` naming the files in their place::
+
+    <stateDir>/offsets/snapshot-<n>.json   the state of batch n, whole
+    <stateDir>/offsets/delta-<n>.json      what batch n changed in the state before it
+
+Spark's offset then stays below a few kilobytes whatever the number of splits: its sequence
+number, codecs, backlog flag, the events for readers, the ledger's reference, the owner
+token, the number of slots and the state's reference (a snapshot and at most
+:data:`COMPACT_EVERY` deltas).
+
+**The state** is one JSON document: ``{"enumerator": <the enumerator's state>, "slots":
+{"<slot>": {"<split id>": [split id, split, stop, (1 if it ends)]}}, "event_times": {...}}``,
+the slices as format 1 writes them, keyed by slot and split id. A delta is a structural
+difference of two such documents (:func:`difference`): for each object, the members set
+(new or changed), dropped, and the nested objects that changed; arrays and values are set
+whole. A batch that reads 1% of the splits writes a delta about the size of those splits'
+slices (twice: a read split's slice changes in the batch that reads it and the next).
+
+**Why a replay reads the same records.** A batch's files are written before Spark learns
+its offset, and never written again while an offset Spark keeps refers to them
+(:mod:`splitflow.spark.snapshots`): a restore from batch ``k`` deletes the files of later
+batches before the run writes any, and the offset of a batch planned again names the files
+written then. So expanding offset ``n`` gives, byte for byte, the format-1 offset the
+planner built for batch ``n`` (:meth:`OffsetState.expand`; slices come back in split id
+order within each slot, the order the planner builds them in), and its tasks are the same
+(:func:`~splitflow.spark.offset.plan_partitions` is a function of that offset). A restart
+restores the coordinator from the expanded offset, through the same path as before.
+
+A new snapshot is written every :data:`COMPACT_EVERY` batches, or sooner once the deltas
+since the last one add up to half its size, and first after a run loaded an offset; so a
+restore reads the snapshot and at most :data:`COMPACT_EVERY` deltas, about one and a half
+times the state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from splitflow.api.split import JsonDict
+from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.spark.snapshots import SnapshotLog, StateRef
+from splitflow.spark.statedir import StateStore
+
+FULL, SMALL = 1, 2
+"""The offset formats: the whole checkpoint, and the one whose state is in files."""
+
+COMPACT_EVERY = 20
+"""A state is written whole again after at most this many deltas."""
+
+_MISSING = object()
+
+
+def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
+    """What turns JSON object ``old`` into ``new``: ``{"set": {member: value}, "drop":
+    [member], "sub": {member: difference}}`` (empty parts left out; ``{}`` when equal).
+
+    Objects nested in both are compared member by member; anything else is set whole when
+    it differs. Values shared by the two (the same object) are not looked into.
+    """
+    changed: JsonDict = {}
+    nested: JsonDict = {}
+    for key, value in new.items():
+        before = old.get(key, _MISSING)
+        if before is value:
+            continue
+        if isinstance(before, dict) and isinstance(value, dict):
+            inner = difference(before, value)
+            if inner:
+                nested[key] = inner
+        elif before is _MISSING or before != value:
+            changed[key] = value
+    dropped = [key for key in old if key not in new]
+    return {
+        **({"set": changed} if changed else {}),
+        **({"drop": dropped} if dropped else {}),
+        **({"sub": nested} if nested else {}),
+    }
+
+
+def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
+    """``document`` with ``change`` (a :func:`difference`) applied, in place."""
+    for key in change.get("drop", ()):
+        document.pop(key, None)
+    document.update(change.get("set", {}))
+    for key, inner in change.get("sub", {}).items():
+        patched(document[key], inner)
+    return document
+
+
+def state_of(offset: Mapping[str, Any]) -> JsonDict:
+    """The state of format-1 ``offset``: the parts of it that live in files."""
+    return {
+        "enumerator": offset["enumerator"],
+        "slots": {
+            str(slot_id): {entry[0]: entry for entry in slot}
+            for slot_id, slot in enumerate(offset["slots"])
+        },
+        "event_times": offset.get("event_times", {}),
+    }
+
+
+class OffsetState(SnapshotLog):
+    """The ``offsets`` folder of one query; remembers the state it wrote or loaded last.
+
+    Called by: the streaming runner's planner, one call at a time; ``splitflow inspect``.
+    """
+
+    what = "offset state"
+
+    def __init__(self, state_dir: str | StateStore) -> None:
+        super().__init__(state_dir, "offsets")
+        self._ref: StateRef | None = None
+        self._state: JsonDict = {}
+        self._base_bytes = 0  # the size of the snapshot of _ref; 0: write one next
+        self._delta_bytes = 0  # the sizes of _ref's deltas, added up
+
+    def compact(self, offset: JsonDict) -> JsonDict:
+        """Format-1 ``offset`` as a format-2 offset, its state written to files first."""
+        if offset.get("splitflow") != FULL:
+            raise ValueError("only a format-1 offset can be compacted")
+        seq = int(offset["seq"])
+        state = state_of(offset)
+        size = sum(len(slot) for slot in state["slots"].values())
+        ref = self._ref
+        if ref is None or self._base_bytes == 0 or len(ref.deltas) >= COMPACT_EVERY:
+            ref = self._snapshot(seq, state, size)
+        else:
+            change = difference(self._state, state)
+            if change:
+                data = json.dumps(change, separators=(",", ":")).encode()
+                if 2 * (self._delta_bytes + len(data)) > self._base_bytes:
+                    ref = self._snapshot(seq, state, size)
+                else:
+                    self._put(seq, "delta", data)
+                    self._delta_bytes += len(data)
+                    ref = StateRef(ref.base, (*ref.deltas, seq), size)
+        self._ref, self._state = ref, state
+        kept = {k: v for k, v in offset.items() if k not in ("enumerator", "slots", "event_times")}
+        parallelism = len(offset["slots"])
+        return {**kept, "splitflow": SMALL, "parallelism": parallelism, "state": ref.encode()}
+
+    def _snapshot(self, seq: int, state: JsonDict, size: int) -> StateRef:
+        data = json.dumps(state, separators=(",", ":")).encode()
+        self._put(seq, "snapshot", data)
+        self._base_bytes, self._delta_bytes = len(data), 0
+        return StateRef(seq, (), size)
+
+    def expand(self, offset: Mapping[str, Any]) -> JsonDict:
+        """``offset`` as format 1: a format-2 offset with its state read back from files
+        (later writes build on it); a format-1 offset as it is."""
+        if offset.get("splitflow") != SMALL:
+            return dict(offset)
+        ref = StateRef.decode(offset["state"])
+        snapshot, deltas = self._read_all(ref)
+        state = snapshot
+        for delta in deltas:
+            state = patched(state, delta)
+        slots = [state["slots"][str(slot)] for slot in range(len(state["slots"]))]
+        if sum(len(slot) for slot in slots) != ref.size:
+            raise CheckpointStateError(
+                f"offset state in {self.root} (snapshot {ref.base}, deltas "
+                f"{list(ref.deltas)}) holds {sum(map(len, slots))} slices where the "
+                f"checkpoint says {ref.size}: was the state directory shared with another "
+                "query, or altered",
+                path=self.root,
+            )
+        self._ref, self._state, self._base_bytes = ref, state, 0
+        kept = {k: v for k, v in offset.items() if k not in ("state", "parallelism")}
+        return {
+            **kept,
+            "splitflow": FULL,
+            "enumerator": state["enumerator"],
+            "slots": [[slot[sid] for sid in sorted(slot)] for slot in slots],
+            **({"event_times": state["event_times"]} if state["event_times"] else {}),
+        }
+
+
+def expand_offset(offset: Mapping[str, Any], state: OffsetState | None) -> JsonDict:
+    """``offset`` as format 1, read back with ``state`` (the query's ``stateDir``)."""
+    if offset.get("splitflow") == SMALL and state is None:
+        raise ConfigurationError(
+            f"option stateDir: the checkpoint keeps the state of batch {offset.get('seq')} "
+            "in a state directory; run the query with its stateDir",
+            option="stateDir",
+        )
+    return dict(offset) if state is None else state.expand(offset)

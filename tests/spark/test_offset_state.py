@@ -1,0 +1,211 @@
+"""Small offsets: with ``stateDir`` Spark's offset names files that hold the splits' state.
+
+The offset of a batch stays a few hundred bytes whatever the number of splits; a replay
+reads the same records from it (also after a newer snapshot superseded its base), a restart
+restores from it at any parallelism, and every offset Spark keeps finds its files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.spark.test_planner import (
+    DISCOVERY,
+    FakeClock,
+    Query,
+    assert_exactly_once,
+    records_of,
+)
+
+from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.spark.limits import MaxRecords
+from splitflow.spark.offsetstate import (
+    COMPACT_EVERY,
+    FULL,
+    SMALL,
+    OffsetState,
+    difference,
+    patched,
+)
+from splitflow.spark.planner import Planner
+from splitflow.spark.snapshots import StateRef
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource
+
+PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
+
+scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.text("ab", max_size=2)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("abc", max_size=2), inner),
+    max_leaves=12,
+)
+objects = st.dictionaries(st.text("abcd", max_size=2), documents, max_size=5)
+
+
+@given(objects, objects)
+@PROPERTY
+def test_a_difference_patched_onto_the_old_document_gives_the_new(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    change = difference(old, new)
+    stored = json.loads(json.dumps(change))  # as a delta file holds it
+    assert patched(json.loads(json.dumps(old)), stored) == new
+    assert (change == {}) == (old == new)
+
+
+def planner(
+    catalog: SequenceCatalog, clock: FakeClock, state: Path | None, parallelism: int = 2
+) -> Planner[Any, Any]:
+    source = SequenceSource(catalog, discovery_interval=DISCOVERY)
+    return Planner(source, parallelism, clock=clock, state_dir=str(state) if state else None)
+
+
+def one_split_at_a_time(query: Query, catalog: SequenceCatalog, batches: int) -> None:
+    """``batches`` batches, each reading the 3 new records of one split (round robin)."""
+    names = sorted(catalog.lengths())
+    for n in range(batches):
+        catalog.append(names[n % len(names)], 3)
+        assert query.batch() is not None
+
+
+def test_offsets_stay_small_whatever_the_number_of_splits(tmp_path: Path) -> None:
+    sizes = {}
+    for count in (10, 5_000):
+        catalog = SequenceCatalog({f"s{i:05d}": 1 for i in range(count)})
+        query = Query(planner(catalog, FakeClock(), tmp_path / str(count)))
+        assert query.batch() is not None
+        one_split_at_a_time(query, catalog, 5)
+        assert query.offset["splitflow"] == SMALL
+        assert "s00001" not in json.dumps(query.offset)
+        sizes[count] = len(json.dumps(query.offset))
+        restored = query.planner.read_offset(query.offset)
+        assert sum(len(slot) for slot in restored.slots) == count
+    assert sizes[5_000] < 600, sizes
+    assert sizes[5_000] - sizes[10] < 20, sizes  # the reference's size count only
+
+    catalog = SequenceCatalog({f"s{i:05d}": 1 for i in range(5_000)})
+    inline = Query(planner(catalog, FakeClock(), None))
+    assert inline.batch() is not None
+    assert inline.offset["splitflow"] == FULL
+    assert len(json.dumps(inline.offset)) > 100 * sizes[5_000]
+
+
+def test_a_batch_writes_a_delta_the_size_of_what_it_changed(tmp_path: Path) -> None:
+    catalog = SequenceCatalog({f"s{i:05d}": 1 for i in range(2_000)})
+    query = Query(planner(catalog, FakeClock(), tmp_path))
+    assert query.batch() is not None  # a snapshot: the first batch of the run
+    # the next batch changes every slice (each split was read): a snapshot again
+    one_split_at_a_time(query, catalog, 4)
+    ref = StateRef.decode(query.offset["state"])
+    files = tmp_path / "offsets"
+    base = (files / f"snapshot-{ref.base}.json").stat().st_size
+    deltas = [(files / f"delta-{d}.json").stat().st_size for d in ref.deltas]
+    assert len(deltas) == 3
+    assert max(deltas) * 200 < base, (deltas, base)  # two splits' slices, not 2,000
+
+
+def test_a_snapshot_comes_after_at_most_compact_every_deltas_or_half_its_size(
+    tmp_path: Path,
+) -> None:
+    catalog = SequenceCatalog({f"s{i:03d}": 1 for i in range(100)})
+    query = Query(planner(catalog, FakeClock(), tmp_path))
+    assert query.batch() is not None
+    refs = []
+    for _ in range(3 * COMPACT_EVERY):
+        one_split_at_a_time(query, catalog, 1)
+        refs.append(StateRef.decode(query.offset["state"]))
+    assert all(len(ref.deltas) <= COMPACT_EVERY for ref in refs)
+    assert len({ref.base for ref in refs}) >= 3  # the base moved on
+
+    # Every split changing every batch: the deltas outgrow half the snapshot at once.
+    query = Query(planner(catalog, FakeClock(), tmp_path / "all"))
+    for _ in range(4):
+        for name in catalog.lengths():
+            catalog.append(name, 1)
+        assert query.batch() is not None
+        ref = StateRef.decode(query.offset["state"])
+        assert len(ref.deltas) <= 1, ref
+
+
+def test_a_replay_reads_the_same_records_after_a_newer_snapshot_superseded_its_base(
+    tmp_path: Path,
+) -> None:
+    """A driver that restarts and replays an old batch (another process: a fresh planner on
+    the same directory) gets the same tasks, from that batch's base and deltas."""
+    clock = FakeClock()
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(30)})
+    query = Query(planner(catalog, clock, tmp_path))
+    assert query.batch() is not None
+    one_split_at_a_time(query, catalog, 2 * COMPACT_EVERY + 5)
+    newest = StateRef.decode(query.ends[-1]["state"]).base
+    superseded = [
+        (end, records)
+        for end, records in zip(query.ends, query.batches, strict=True)
+        if StateRef.decode(end["state"]).base < newest and StateRef.decode(end["state"]).deltas
+    ]
+    assert superseded
+    for end, records in superseded:
+        again = planner(catalog, clock, tmp_path)
+        assert records_of(end, again) == records
+        again.close()
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 5])
+def test_a_restart_from_any_kept_offset_reads_on_exactly_once(
+    tmp_path: Path, parallelism: int
+) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(12)})
+    query = Query(planner(catalog, clock, tmp_path))
+    assert query.batch() is not None
+    one_split_at_a_time(query, catalog, COMPACT_EVERY + 7)
+    query.planner.close()
+    middle = len(query.ends) // 2
+    start = query.ends[middle - 1]  # a rollback: the later offsets and commits deleted
+    restarted = Query(planner(catalog, clock, tmp_path, parallelism), start=start)
+    for name in sorted(catalog.lengths())[:3]:
+        catalog.append(name, 4)
+    restarted.drain(MaxRecords(10))
+    read_before = [r for batch in query.batches[:middle] for r in batch]
+    assert_exactly_once(read_before + restarted.read, catalog.records())
+    restored = restarted.planner.read_offset(restarted.offset)
+    assert restored.parallelism == parallelism
+
+
+def test_commits_delete_the_files_no_kept_offset_refers_to(tmp_path: Path) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(10)})
+    source = SequenceSource(catalog, discovery_interval=DISCOVERY)
+    retain = 5
+    query = Query(Planner(source, 2, clock=clock, state_dir=str(tmp_path), retain_batches=retain))
+    assert query.batch() is not None
+    one_split_at_a_time(query, catalog, 3 * COMPACT_EVERY)
+    query.planner.commit(query.offset)
+    kept = [end for end in query.ends if end["seq"] > query.ends[-1]["seq"] - retain]
+    referred: set[str] = set()
+    for end in kept:
+        ref = StateRef.decode(end["state"])
+        referred |= {f"snapshot-{ref.base}.json", *(f"delta-{d}.json" for d in ref.deltas)}
+        planner(catalog, clock, tmp_path).read_offset(end)  # every kept offset reads back
+    assert set(os.listdir(tmp_path / "offsets")) == referred
+
+
+def test_a_missing_state_file_or_directory_is_an_error_naming_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({"a": 2, "b": 2})
+    query = Query(planner(catalog, clock, tmp_path))
+    one_split_at_a_time(query, catalog, 3)
+    with pytest.raises(ConfigurationError, match="stateDir") as caught:
+        planner(catalog, clock, None).latest_offset(query.offset, MaxRecords(10))
+    assert caught.value.option == "stateDir"
+    ref = StateRef.decode(query.offset["state"])
+    missing = tmp_path / "offsets" / f"snapshot-{ref.base}.json"
+    missing.unlink()
+    with pytest.raises(CheckpointStateError, match=f"{missing} is missing"):
+        OffsetState(str(tmp_path)).expand(query.offset)
