@@ -219,13 +219,18 @@ def expanded(offset: Mapping[str, Any], state_dir: str | Path | StateStore | Non
     return expand_offset(offset, OffsetState(store))
 
 
+def logged_offset(checkpoint: Path, batch: int, state_dir: Path | None) -> Any:
+    """The splitflow offset (one source per query) Spark logged for ``batch``, whole."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return expanded(json.loads(lines[2]), state_dir)
+
+
 def batches_reading_nothing(checkpoint: Path, state_dir: Path | None = None) -> list[int]:
     """Batches whose splitflow offset (one source per query) gives no slice a record to read:
     a batch Spark ran for nothing."""
     empty = []
     for batch in log_ids(checkpoint, "offsets"):
-        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-        slots = expanded(json.loads(lines[2]), state_dir)["slots"]
+        slots = logged_offset(checkpoint, batch, state_dir)["slots"]
         if not any(stop > split["position"] for slot in slots for _, split, stop, *_ in slot):
             empty.append(batch)
     return empty

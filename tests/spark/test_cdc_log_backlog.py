@@ -13,7 +13,6 @@ replaces the default whole.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import expanded, log_ids, reported_splits, wait_until
+from tests.spark.support import log_ids, logged_offset, reported_splits, wait_until
 
 from splitflow.spark.limits import MaxBytes
 from splitflow.spark.options import RuntimeOptions
@@ -121,8 +120,7 @@ def log_slices(checkpoint: Path, state_dir: Path) -> dict[int, tuple[int, int]]:
     """Batch id -> the log split's planned slice ``(position, stop)``, from the offsets."""
     slices = {}
     for batch in log_ids(checkpoint, "offsets"):
-        offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
-        offset = expanded(offset, state_dir)
+        offset = logged_offset(checkpoint, batch, state_dir)
         for slot in offset["slots"]:
             for _, split, stop, *_ in slot:
                 if split["kind"] == "log":
@@ -133,8 +131,7 @@ def log_slices(checkpoint: Path, state_dir: Path) -> dict[int, tuple[int, int]]:
 def chunk_batch(checkpoint: Path, state_dir: Path, table: str) -> int | None:
     """The batch that reads ``table``'s (only) chunk, once planned."""
     for batch in log_ids(checkpoint, "offsets"):
-        offset = json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])
-        offset = expanded(offset, state_dir)
+        offset = logged_offset(checkpoint, batch, state_dir)
         for slot in offset["slots"]:
             for _, split, stop, *_ in slot:
                 if split.get("table") == f"public.{table}" and stop > split["position"]:

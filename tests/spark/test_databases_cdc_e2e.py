@@ -32,7 +32,7 @@ from tests.spark.cdc_jobs import (
     postgres_log,
     run_until_killed_after,
 )
-from tests.spark.support import Job, batches_reading_nothing, expanded, log_ids, wait_until
+from tests.spark.support import Job, batches_reading_nothing, log_ids, logged_offset, wait_until
 from tests.support.cdc import MariaWriter, Writer, replay, sink_in_batch_order
 
 pytestmark = [
@@ -204,7 +204,7 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         ]
 
     def offset_text(batch: int) -> str:
-        return (checkpoint / "offsets" / str(batch)).read_text()
+        return json.dumps(logged_offset(checkpoint, batch, tmp_path / "state"))
 
     def planned_not_committed() -> int | None:
         run1.check_alive()
@@ -236,8 +236,7 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
         finish(tmp_path, run2, writer, log_end, log_batches=3, wait=240, finish_within=240)
         assert killed in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
         if kill_at == "snapshot":  # run 2's first plan: the unread chunks over its slots
-            offset = json.loads(offset_text(killed + 1).splitlines()[2])
-            slots = expanded(offset, tmp_path / "state")["slots"]
+            slots = logged_offset(checkpoint, killed + 1, tmp_path / "state")["slots"]
             chunks = [sum(1 for s in slot if s[1]["kind"] == "chunk") for slot in slots]
             assert len(chunks) == parallelism_after
             assert min(chunks) >= 1, f"a slot without chunks to read: {chunks}"

@@ -7,7 +7,6 @@ driver subprocess (``tests/spark/jobs.py``) reading the test-only lagging genera
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 import uuid
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.spark.support import Job, expanded, log_ids, reported_splits, wait_until
+from tests.spark.support import Job, log_ids, logged_offset, reported_splits, wait_until
 from tests.support.event_time import (
     batch_recount,
     produce_lagging_topic,
@@ -214,7 +213,7 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
 
     state = tmp_path / "state"
     offsets = [
-        _offset(checkpoint, batch, state) for batch in sorted(log_ids(checkpoint, "offsets"))
+        logged_offset(checkpoint, batch, state) for batch in sorted(log_ids(checkpoint, "offsets"))
     ]
     from tests.spark.lagging import LaggingDataSource
 
@@ -243,11 +242,6 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
     }
     for sid in ("gen-00001", "gen-00002", "gen-00003"):
         assert stalled + 29 * SECOND < last_read[sid] <= stalled + 30 * SECOND
-
-
-def _offset(checkpoint: Path, batch: int, state_dir: Path) -> dict[str, Any]:
-    lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
-    return dict(expanded(json.loads(lines[2]), state_dir))
 
 
 def _micros(text: str) -> int:

@@ -49,6 +49,7 @@ from tests.spark.sources import (
 )
 from tests.spark.support import (
     assert_exactly_once,
+    expanded,
     log_ids,
     sink_rows,
     start_stream,
@@ -69,18 +70,20 @@ EVENTS = "splitflow-sequence-events"
 # -- reading what reached the enumerator from the checkpoint -------------------------------------
 
 
-def source_offset(checkpoint: Path, batch: int) -> dict[str, Any]:
+def source_offset(checkpoint: Path, batch: int, state_dir: Path) -> dict[str, Any]:
     """The splitflow offset Spark wrote for ``batch`` (``offsets/<batch>``: version, metadata,
-    then one line per source)."""
+    then one line per source), whole (its state read back from ``state_dir``)."""
     lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    return dict(json.loads(lines[2]))
+    return dict(expanded(json.loads(lines[2]), state_dir))
 
 
-def check_event_log(checkpoint: Path, catalog: SequenceCatalog) -> EventLogState:
+def check_event_log(checkpoint: Path, catalog: SequenceCatalog, state_dir: Path) -> EventLogState:
     """Assert the module doc's claims on the last offset of ``checkpoint``; return its state."""
     source = EventLogSequenceSource(catalog)
     batches = log_ids(checkpoint, "offsets")
-    offsets = {b: BatchOffset.decode(source_offset(checkpoint, b), source) for b in batches}
+    offsets = {
+        b: BatchOffset.decode(source_offset(checkpoint, b, state_dir), source) for b in batches
+    }
     last = offsets[batches[-1]]
     state = last.enumerator
     assert isinstance(state, EventLogState)
@@ -141,7 +144,9 @@ def reports_of(state: EventLogState, batch: int, partition: int) -> list[tuple[A
     return [r for r in state.reports if r[5] == batch and r[6] == partition]
 
 
-def assert_check_catches_tampering(checkpoint: Path, catalog: SequenceCatalog, tmp: Path) -> None:
+def assert_check_catches_tampering(
+    checkpoint: Path, catalog: SequenceCatalog, state_dir: Path, tmp: Path
+) -> None:
     """:func:`check_event_log` fails on a copy of the checkpoint whose last offset says an
     event arrived twice, or not at all: the check can fail."""
     last = log_ids(checkpoint, "offsets")[-1]
@@ -150,11 +155,11 @@ def assert_check_catches_tampering(checkpoint: Path, catalog: SequenceCatalog, t
         copy = tmp / name
         shutil.copytree(checkpoint / "offsets", copy / "offsets")
         lines = (copy / "offsets" / str(last)).read_text().splitlines()
-        offset = json.loads(lines[2])
+        offset = source_offset(checkpoint, last, state_dir)  # whole: format 1
         edit(offset["enumerator"])
         lines[2] = json.dumps(offset)
         (copy / "offsets" / str(last)).write_text("\n".join(lines))
-        check_event_log(copy, catalog)
+        check_event_log(copy, catalog, state_dir)
 
     cases = {
         "more than once": lambda state: state["reports"].append(state["reports"][0]),
@@ -198,7 +203,7 @@ def test_reader_events_reach_the_enumerator_once_per_committed_batch_despite_tas
     query.stop()
 
     assert_exactly_once(sink_rows(spark, tmp_path / "out"), catalog.records())
-    state = check_event_log(checkpoint, catalog)
+    state = check_event_log(checkpoint, catalog, tmp_path / "state")
     log = read_task_log(tasks)
     crashed = {(t["batch"], t["outcome"]) for t in log if t["partition"] == 0 and t["attempt"] == 0}
     assert (1, "ok") in crashed  # batch 1, attempt 0: read all, events written ...
@@ -209,7 +214,7 @@ def test_reader_events_reach_the_enumerator_once_per_committed_batch_despite_tas
         reports = reports_of(state, batch, 0)
         assert reports, f"no report of batch {batch}, task 0"
         assert {r[7] for r in reports} == {1}, f"batch {batch}: the retry's events count, once"
-    assert_check_catches_tampering(checkpoint, catalog, tmp_path)
+    assert_check_catches_tampering(checkpoint, catalog, tmp_path / "state", tmp_path)
 
 
 # -- a driver SIGKILLed between a batch's events and its commit, local and on a cluster -----------
@@ -345,7 +350,7 @@ def kill_and_restart(tmp_path: Path, master: str) -> None:
         for split, position in json.loads((tmp_path / "result.json").read_text())["rows"]
     )
     assert_exactly_once(rows, catalog.records())
-    state = check_event_log(checkpoint, catalog)
+    state = check_event_log(checkpoint, catalog, state_dir)
     killed_batch = [r for r in state.reports if r[5] == killed]
     assert killed_batch, f"no report of the batch in flight at the kill ({killed})"
     retried = reports_of(state, 1, 0)

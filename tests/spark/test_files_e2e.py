@@ -27,6 +27,7 @@ from tests.spark.support import (
     batches_reading_nothing,
     driver_session,
     log_ids,
+    logged_offset,
     spark_env,
     wait_until,
 )
@@ -249,10 +250,8 @@ def wait_failed(query: Any, timeout: float = 90) -> str:
     return str(wait_until("the query to fail", failed, timeout, step=0.1))
 
 
-def last_offset(checkpoint: Path) -> dict[str, Any]:
-    batch = max(log_ids(checkpoint, "offsets"))
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    return dict(json.loads(lines[-1]))
+def last_offset(checkpoint: Path, state_dir: Path) -> dict[str, Any]:
+    return dict(logged_offset(checkpoint, max(log_ids(checkpoint, "offsets")), state_dir))
 
 
 def write_corrupt(src: Path) -> int:
@@ -302,7 +301,7 @@ def test_a_corrupt_file_is_quarantined_and_the_query_goes_on(tmp_path: Path, spa
 
     def quarantined() -> list[Any]:
         assert query.exception() is None, query.exception()
-        enumerator = last_offset(tmp_path / "chk")["enumerator"]
+        enumerator = last_offset(tmp_path / "chk", tmp_path / "state")["enumerator"]
         return list(enumerator["files"]["quarantine"])
 
     entries = wait_until("the quarantine list in the offsets", quarantined, 90, step=0.2)
