@@ -69,6 +69,7 @@ Usage::
     python bench/planning_scale.py --parallelism 8,200   # and at parallelism 200
     python bench/planning_scale.py --quick               # 100, 1k, 10k
     python bench/planning_scale.py --profile 100000      # where the time goes
+    python bench/planning_scale.py --memory 1000000      # driver memory, batch time at 1M
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ State = AssignerState[SequenceSplit]
 TARGET_MS = 100.0  # at 100k splits, 10% of them changing per batch
 TARGET_BYTES = 65_536  # Spark's offset of a batch
 TARGET_RESTORE_MS = 2000.0  # the first batch after a restart
+TARGET_MS_1M = 250.0  # per batch at 1M splits (--memory 1000000)
 MODES = ("inline", "stateDir")
 INITIAL_RECORDS = 1_000
 APPEND_RECORDS = 10
@@ -378,6 +380,8 @@ def run_once(n_splits: int, parallelism: int, batches: int, mode: str) -> Run:
 
 
 def _label(n: int) -> str:
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
@@ -449,6 +453,57 @@ def profile(n_splits: int, parallelism: int, batches: int, mode: str) -> None:
     pstats.Stats(profiler).strip_dirs().sort_stats("tottime").print_stats(25)
 
 
+def _rss_mb() -> float:
+    """This process's resident set now (MB), from /proc."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory(n_splits: int, parallelism: int, batches: int, mode: str) -> None:
+    """The driver's memory and batch time with ``n_splits`` live splits (the ``all``
+    workload), in a process that does nothing else: resident set after the catalog is made
+    (the test source's data, not the driver's), after the initial offset, and at its peak
+    over ``batches`` batches."""
+    names = [f"topic-{i:07d}" for i in range(n_splits)]
+    gc.collect()
+    before = _rss_mb()
+    catalog = SequenceCatalog(dict.fromkeys(names, INITIAL_RECORDS))
+    source = SequenceSource(catalog, discovery_interval=1.0)
+    with tempfile.TemporaryDirectory() as state_dir:
+        clock = Clock()
+        runner = Runner(source, parallelism, clock, state_dir if mode == "stateDir" else None)
+        gc.collect()
+        made = _rss_mb()
+        t_initial, start = _timed(runner.initial_offset)
+        initial = _rss_mb()
+        peak, times = initial, []
+        for batch in range(batches + 1):  # the first reads the initial records: not timed
+            _append(catalog, names, batch)
+            clock.now += 1.0
+            t, end = _timed(partial(runner.latest_offset, start, ReadAll()))
+            t += _timed(runner.report_latest_offset)[0]
+            t += _timed(partial(runner.partitions, start, end))[0]
+            t += _timed(partial(runner.commit, start))[0]
+            if batch:
+                times.append(t)
+            start = end
+            peak = max(peak, _rss_mb())
+        runner.planner.close()
+    planner_mb = peak - made
+    print(
+        f"memory: {n_splits:,} splits, parallelism {parallelism}, {mode}: resident "
+        f"{before:,.0f} MB at the start, {made:,.0f} MB with the catalog, {initial:,.0f} MB "
+        f"after initialOffset ({t_initial:.1f} s), peak {peak:,.0f} MB over {batches} batches "
+        f"(median {statistics.median(times) * 1e3:,.0f} ms a batch); the planner's part "
+        f"{planner_mb:,.0f} MB, {planner_mb * 2**20 / n_splits:,.0f} bytes per split"
+    )
+    print(
+        f"RESULT driver_bytes_per_split_{_label(n_splits)}="
+        f"{planner_mb * 2**20 / n_splits:.0f} planning_ms_per_batch_{_label(n_splits)}="
+        f"{statistics.median(times) * 1e3:.0f} target=none,<={TARGET_MS_1M:g}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="100, 1k and 10k splits")
@@ -458,6 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", help="comma-separated split counts (instead of the default)")
     parser.add_argument("--gc-threshold", help="gc.set_threshold arguments, e.g. 50000,20,10")
     parser.add_argument("--profile", type=int, metavar="N", help="cProfile one run of N splits")
+    parser.add_argument(
+        "--memory", type=int, metavar="N", help="driver memory and batch time at N splits"
+    )
     parser.add_argument(
         "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
     )
@@ -473,6 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         collect_garbage_less_often()  # what the streaming runner does
     if args.profile:
         profile(args.profile, parallelisms[0], args.batches, modes[-1])
+        return 0
+    if args.memory:
+        memory(args.memory, parallelisms[0], args.batches, modes[-1])
         return 0
     sizes: list[int] = [100, 1_000, 10_000] if args.quick else [100, 10_000, 100_000]
     if args.sizes:

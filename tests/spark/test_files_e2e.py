@@ -481,6 +481,12 @@ def ledger_base(checkpoint: Path, batch: int) -> int:
     return int(json.loads(lines[-1])["ledger"]["base"])
 
 
+def state_base(checkpoint: Path, batch: int) -> int:
+    """The snapshot of the state (``<stateDir>/offsets``) the offset of ``batch`` reads from."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return int(json.loads(lines[-1])["state"]["base"])
+
+
 def roll_back(checkpoint: Path, out: Path, to: int) -> None:
     """Forget every batch after ``to`` as a user rolling a stopped query back does: delete
     their offset and commit files (and checksums), and what they wrote to the sink."""
@@ -500,9 +506,10 @@ def test_a_query_rolled_back_to_an_older_offset_replans_and_reads_every_record_o
 ) -> None:
     """Spark keeps the offsets of the last ``minBatchesToRetain`` batches, and any of them
     may become the newest again: the user deletes the newer offset and commit files of a
-    stopped query. The restart restores the coordinator from an offset whose ledger base is
-    older than the one later commits moved on to, so the state directory must still hold it
-    (``stateRetainBatches``, default 100, as ``minBatchesToRetain``)."""
+    stopped query. The restart replays a batch and restores the coordinator from an offset
+    whose ledger and state bases are older than the ones later commits moved on to, so the
+    state directory must still hold them (``stateRetainBatches``, default 100, as
+    ``minBatchesToRetain``)."""
     src, out, checkpoint, state = (tmp_path / n for n in ("src", "out", "chk", "state"))
     src.mkdir()
     names = [f"f{i:03d}.json" for i in range(26)]
@@ -532,10 +539,18 @@ def test_a_query_rolled_back_to_an_older_offset_replans_and_reads_every_record_o
     # The source's commit of a batch comes after the next batch is planned: the last one
     # that ran is that of the batch before the newest.
     committed = max(log_ids(checkpoint, "commits")) - 1
-    newest_base = ledger_base(checkpoint, committed)
-    to = max(b for b in log_ids(checkpoint, "offsets") if ledger_base(checkpoint, b) < newest_base)
-    assert committed - to >= 2, "rolled back a few batches, across a newer ledger snapshot"
+    newest = ledger_base(checkpoint, committed), state_base(checkpoint, committed)
+    to = max(
+        b
+        for b in log_ids(checkpoint, "offsets")
+        if ledger_base(checkpoint, b) < newest[0] and state_base(checkpoint, b) < newest[1]
+    )
+    assert committed - to >= 2, "rolled back a few batches, across newer snapshots"
     roll_back(checkpoint, out, to)
+    # Batch `to` not committed either: the restart replays it from its offset, whose state
+    # is a snapshot that later ones superseded, then plans the batches after it again.
+    (checkpoint / "commits" / str(to)).unlink()
+    (checkpoint / "commits" / f".{to}.crc").unlink(missing_ok=True)
     run()
     assert max(log_ids(checkpoint, "commits")) > to, "the restart planned new batches"
     rows = sorted(
