@@ -156,6 +156,20 @@ def test_a_replay_reads_the_same_records_after_a_newer_snapshot_superseded_its_b
         again.close()
 
 
+def test_every_offset_reads_back_as_the_checkpoint_the_planner_took(tmp_path: Path) -> None:
+    """Expanded from its files, each batch's offset is the one the planner built: every
+    slice, the enumerator's state, the watermarks (a restarted driver's view of it)."""
+    clock = FakeClock()
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(25)})
+    query = Query(planner(catalog, clock, tmp_path))
+    for n in range(2 * COMPACT_EVERY + 3):
+        if n % 7 == 3:
+            catalog.add(f"new{n}", 2)  # discovered: the enumerator's state changes too
+            clock.advance(DISCOVERY)
+        one_split_at_a_time(query, catalog, 1)
+        assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
+
+
 @pytest.mark.parametrize("parallelism", [1, 2, 5])
 def test_a_restart_from_any_kept_offset_reads_on_exactly_once(
     tmp_path: Path, parallelism: int

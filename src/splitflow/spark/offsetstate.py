@@ -28,7 +28,7 @@ slices (twice: a read split's slice changes in the batch that reads it and the n
 its offset, and never written again while an offset Spark keeps refers to them
 (:mod:`splitflow.spark.snapshots`): a restore from batch ``k`` deletes the files of later
 batches before the run writes any, and the offset of a batch planned again names the files
-written then. So expanding offset ``n`` gives, byte for byte, the format-1 offset the
+written then. So expanding offset ``n`` gives, value for value, the format-1 offset the
 planner built for batch ``n`` (:meth:`OffsetState.expand`; slices come back in split id
 order within each slot, the order the planner builds them in), and its tasks are the same
 (:func:`~splitflow.spark.offset.plan_partitions` is a function of that offset). A restart
