@@ -312,7 +312,7 @@ def kill_and_restart(tmp_path: Path, master: str) -> None:
     def events_written_not_committed() -> int | None:
         for batch in sorted(set(log_ids(checkpoint, "offsets")) - set(committed())):
             with contextlib.suppress(OSError, ValueError, IndexError):
-                seq = source_offset(checkpoint, batch)["seq"]
+                seq = source_offset(checkpoint, batch, state_dir)["seq"]
                 folder = state_dir / "events" / str(seq)
                 if folder.is_dir() and any(name.isdigit() for name in os.listdir(folder)):
                     return batch
