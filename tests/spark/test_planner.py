@@ -70,8 +70,9 @@ def as_spark_stores_it(offset: Mapping[str, Any]) -> Offset:
 def records_of(
     end: Mapping[str, Any], planner: Planner[Any, Any], max_records_per_task: int | None = None
 ) -> list[Record]:
-    """What Spark's tasks read for the batch that ends at ``end``."""
-    tasks = plan_partitions(planner.read_offset(end), max_records_per_task)
+    """What Spark's tasks read for the batch that ends at ``end`` (planned by ``planner``
+    as Spark's ``partitions`` gets it: the batch planned last, or one read back)."""
+    tasks = plan_partitions(planner.planned(end), max_records_per_task)
     return [
         (piece.split.name, position)
         for _, pieces in tasks
@@ -85,7 +86,7 @@ def write_task_events(planner: Planner[Any, Any], end: Mapping[str, Any]) -> Non
     directory, if it has one: its reader events (none, with the sequence source)."""
     store = planner._events
     if store is not None:
-        tasks = plan_partitions(planner.read_offset(end), None)
+        tasks = plan_partitions(planner.planned(end), None)
         for index, (slot, _) in enumerate(tasks):
             store.write(int(end["seq"]), index, slot, [])
 

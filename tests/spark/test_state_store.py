@@ -198,13 +198,14 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
     object_store: Any,
 ) -> None:
     """Requests per planned batch stay the same from batch 5 to batch 60: the owner token,
-    one listing of the last batch's events and its task objects, one ledger object (the
-    clean-up at commits lists nothing: it deletes one batch's events, and at most a snapshot
-    and its deltas at a time, by name)."""
+    one listing of the last batch's events and its task objects, one ledger object, one
+    offset state object (the clean-up at commits lists nothing: it deletes one batch's
+    events, and at most a snapshot and its deltas at a time of each log, by name)."""
     from tests.spark.test_ledger import finish_splits
     from tests.spark.test_planner import FakeClock, Query
 
     from splitflow.spark.ledger import COMPACT_EVERY
+    from splitflow.spark.offsetstate import COMPACT_EVERY as STATE_EVERY
     from splitflow.spark.planner import Planner
     from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
@@ -231,8 +232,10 @@ def test_planning_a_batch_reads_a_bounded_number_of_objects_however_old_the_quer
         finish_splits(query, catalog, clock, [f"f{round_}"])
         planned = sum(calls.values()) - calls.get("delete", 0) - before
         per_batch.append(planned / max(1, len(query.batches)))
-        # per commit: one batch's events; and a snapshot with its deltas now and then
-        assert calls.get("delete", 0) - deleted <= COMPACT_EVERY + 1 + len(query.batches)
+        # per commit: one batch's events; and a snapshot with its deltas now and then, of
+        # the ledger and of the offset state
+        most = COMPACT_EVERY + 1 + STATE_EVERY + 1 + len(query.batches)
+        assert calls.get("delete", 0) - deleted <= most
         query.batches.clear()
     assert max(per_batch[40:]) <= max(per_batch[1:25]), per_batch
     assert max(per_batch) < 8, per_batch
