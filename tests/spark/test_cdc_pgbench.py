@@ -122,6 +122,11 @@ def rebuild(
     return keyed, +history, problems
 
 
+def transactions(postgres: Postgres) -> int:
+    """pgbench's transactions so far (each inserts one history row)."""
+    return int(postgres.execute(f"SELECT count(*) FROM {HISTORY}")[0][0])
+
+
 def test_pgbench_tpcb_during_the_snapshot_is_rebuilt_exactly_from_a_sink_that_reads_twice(
     spark: Any, postgres: Postgres, tmp_path: Path
 ) -> None:
@@ -170,6 +175,8 @@ def test_pgbench_tpcb_during_the_snapshot_is_rebuilt_exactly_from_a_sink_that_re
         wait_until("a log batch", lambda: (log_at() or 0) > began, 60)
         began = log_at() or 0
         wait_until("a second log batch", lambda: (log_at() or 0) > began, 60)
+        # enough load to test anything, however fast the query got here (200 a second)
+        wait_until("2,001 transactions", lambda: transactions(postgres) > 2000, 60)
         if load.poll() is not None:
             raise AssertionError(f"the load ended too soon: {load.communicate()[0][-2000:]}")
         load.terminate()  # a transaction it was running rolls back
@@ -189,8 +196,8 @@ def test_pgbench_tpcb_during_the_snapshot_is_rebuilt_exactly_from_a_sink_that_re
     assert ops[(HISTORY, "c")] > 0, ops
     keyed, history, problems = rebuild(rows, names)
     assert not problems, f"{len(problems)} problems: {problems[:10]}"
-    transactions = int(postgres.execute(f"SELECT count(*) FROM {HISTORY}")[0][0])
-    assert transactions > 2000, f"only {transactions} transactions ran"
+    ran = transactions(postgres)
+    assert ran > 2000, f"only {ran} transactions ran"
     wrong = {}
     for table, key in KEYS.items():
         listed = ", ".join(names[table])
