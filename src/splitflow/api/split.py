@@ -107,7 +107,10 @@ class Codec(ABC, Generic[T]):
 
     @abstractmethod
     def encode(self, value: T) -> JsonDict:
-        """Encode ``value``. Must be deterministic: equal values give equal dicts."""
+        """Encode ``value``. Must be deterministic: equal values give equal dicts. What it
+        returns must be new (or never changed afterwards): the runtime keeps an encoded
+        state to write only what the next one changes (``stateDir``), so a list or dict
+        that the value or the codec holds and later changes in place must be copied."""
 
     @abstractmethod
     def decode(self, data: Mapping[str, Any], version: int) -> T:
