@@ -48,10 +48,11 @@ from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.spark.offset import OFFSET_FORMAT
 from splitflow.spark.snapshots import SnapshotLog, StateRef
 from splitflow.spark.statedir import StateStore
 
-FULL, SMALL = 1, 2
+FULL, SMALL = OFFSET_FORMAT, 2
 """The offset formats: the whole checkpoint, and the one whose state is in files."""
 
 COMPACT_EVERY = 20
