@@ -21,6 +21,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from splitflow.connectors.cdc.chunks import cut_ahead
+from splitflow.connectors.cdc.splits import ChunkSplit
 from splitflow.job.pipeline import committed_output_files
 from splitflow.testing.postgres import Postgres
 
@@ -243,3 +245,10 @@ def replay(rows: list[dict[str, Any]], table: Mapping[int, tuple[int, str]]) -> 
 
 def table_rows(postgres: Postgres, table: str) -> dict[int, tuple[int, str]]:
     return {k: (v, p) for k, v, p in postgres.execute(f"SELECT id, version, payload FROM {table}")}
+
+
+def chunks_of(catalog: Any, conn: Any, table: Any, chunk_size: int) -> list[ChunkSplit]:
+    """``table`` cut whole, as a database's ``catalog`` module cuts it (``cut`` then
+    ``key_after`` on ``conn``), for tests that look at every chunk."""
+    start = catalog.cut(conn, table, chunk_size)
+    return cut_ahead([start], None, lambda t, k, at, n: catalog.key_after(conn, t, k, at, n))[0]

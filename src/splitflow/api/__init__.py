@@ -1,5 +1,6 @@
 """What connector authors implement and use. No engine (pyspark) import in this layer."""
 
+from splitflow.api.ahead import SplitsAhead
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
 from splitflow.api.assignment import (
     AssignmentStrategy,
@@ -77,6 +78,7 @@ __all__ = [
     "SplitExtent",
     "SplitOutputs",
     "SplitState",
+    "SplitsAhead",
     "SplitsFinishedEvent",
     "SplitsRemovedEvent",
     "SupportsPinnedReads",

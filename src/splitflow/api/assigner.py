@@ -218,6 +218,12 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._backlog_held = held
         self._signal_backlog()
 
+    def splits_to_come(self) -> bool:
+        """Whether the enumerator will still add splits of its own, without a discovery (a
+        table cut into chunks as they are read): while it is true, no reader is told there
+        are no more splits. Call :meth:`add_splits` with them. Default: False."""
+        return False
+
     def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
         """Known, unfinished splits no longer exist. Default: drop them, tell their owners.
 
@@ -494,7 +500,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self.context.set_is_processing_backlog(self._backlog_held or bool(self._backlog))
 
     def _maybe_signal_no_more_splits(self) -> None:
-        if self.discovery_interval is not None or not self._discovered:
+        if self.discovery_interval is not None or not self._discovered or self.splits_to_come():
             return
         if self._unassigned or self._awaiting:
             return

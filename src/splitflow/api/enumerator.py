@@ -51,12 +51,16 @@ class SplitExtent:
     the source holds part of a split back (admission control: a file waiting for its turn
     under ``maxFilesPerBatch``), is how far the split exists; ``latest`` how far it may be
     read now. ``trigger(availableNow=True)`` reads up to ``available`` (default: ``latest``).
+    ``preexisting``: the split holds data that existed before the split was made (a chunk
+    of a table cut as it is read), so a run that reads what exists at its start
+    (``availableNow``) reads it although the split appeared after the start.
     """
 
     latest: int
     final: bool = False
     bytes_per_position: float | None = None
     available: int | None = None
+    preexisting: bool = False
 
     @property
     def exists_to(self) -> int:

@@ -293,7 +293,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._latest_extents = extents
         self._track_backlog(extents)
         backlogs = {
-            sid: max(0, self._cap(sid, extents[sid].latest) - split.position)
+            sid: max(0, self._cap(sid, extents[sid]) - split.position)
             for slot in self._slots.values()
             for sid, split in slot.items()
             if sid in extents
@@ -505,10 +505,14 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _cap(self, split_id: str, latest: int) -> int:
+    def _cap(self, split_id: str, extent: SplitExtent) -> int:
+        """How far a batch may read the split: under ``availableNow``, what existed at the
+        run's start (a split made since, unless it holds data older than itself: none)."""
         if self._target is None:
-            return latest
-        return min(latest, self._target.get(split_id, 0))
+            return extent.latest
+        if split_id not in self._target and extent.preexisting:
+            self._target[split_id] = extent.exists_to
+        return min(extent.latest, self._target.get(split_id, 0))
 
     def _extents(self) -> dict[str, SplitExtent]:
         held = [s for slot in self._slots.values() for s in slot.values()]

@@ -12,13 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from splitflow.connectors.cdc.chunks import KeyStats, chunk_condition, cut
+from splitflow.api.assigner import AssignerState
+from splitflow.connectors.cdc.chunks import KeyStats, chunk_condition, cut_ahead, start_cut
 from splitflow.connectors.cdc.splits import (
     CdcSplitCodec,
+    CdcState,
+    CdcStateCodec,
     ChunkFilter,
     ChunkReadEvent,
     ChunkSplit,
+    Cut,
     LogSplit,
     PositionMark,
     check_mark_type,
@@ -43,7 +49,7 @@ OLD_EVENT = (
 def test_postgres_offsets_written_before_the_core_decode_and_encode_the_same() -> None:
     sample = json.loads(SAMPLE.read_text())
     codec, state_codec = pg.CdcSplitCodec(), pg.CdcStateCodec()
-    assert (codec.version, state_codec.version) == (1, 1)
+    assert (codec.version, state_codec.version) == (1, 2)
     splits = [codec.decode(s, sample["split_codec_version"]) for s in sample["splits"]]
     assert [codec.encode(s) for s in splits] == sample["splits"]
     assert json.dumps([codec.encode(s) for s in splits]) == json.dumps(sample["splits"])
@@ -56,7 +62,14 @@ def test_postgres_offsets_written_before_the_core_decode_and_encode_the_same() -
         "public.orders#0", "public.orders", None, 100, 750, 752, (750,), 23_456_789
     )
     state = state_codec.decode(sample["state"], sample["state_codec_version"])
-    assert json.dumps(state_codec.encode(state)) == json.dumps(sample["state"])
+    assert sample["state_codec_version"] == 1  # version 2 keys the marks by split id
+    encoded = state_codec.encode(state)
+    assert encoded == {
+        **sample["state"],
+        "marks": {"0": sample["state"]["marks"]},  # one page
+        "cuts": {},
+    }
+    assert state_codec.decode(json.loads(json.dumps(encoded)), 2) == state
     assert state.log_made
     assert state.log_start == 23_400_000
     assert [m.split_id for m in state.marks] == [
@@ -199,18 +212,79 @@ def test_a_mark_class_must_lead_with_the_chunk_and_end_with_high() -> None:
 def test_sparse_keys_are_cut_by_stepping_and_dense_ones_evenly() -> None:
     keys = [1, *range(1_000_000, 10_000_000, 1_000_000)]
 
-    def key_after(at: int, n: int) -> int | None:
+    def key_after(table: str, key: str, at: int, n: int) -> int | None:
         later = [k for k in keys if k >= at]
         return later[n] if n < len(later) else None
 
+    def cut(table: str, key: str, size: int, stats: KeyStats) -> list[ChunkSplit]:
+        return cut_ahead([start_cut(table, key, size, stats)], None, key_after)[0]
+
     stats = KeyStats(min(keys), max(keys), len(keys), len(keys))
-    assert [(c.lo, c.hi) for c in cut("db.t", "id", 3, stats, key_after)] == [
+    assert [(c.lo, c.hi) for c in cut("db.t", "id", 3, stats)] == [
         (None, 3_000_000),
         (3_000_000, 6_000_000),
         (6_000_000, 9_000_000),
         (9_000_000, None),
     ]
-    assert cut("db.t", "id", 10, KeyStats(None, None, 0, 0), key_after) == [
-        ChunkSplit("db.t", 0, "id")
-    ]
+    assert cut("db.t", "id", 10, KeyStats(None, None, 0, 0)) == [ChunkSplit("db.t", 0, "id")]
     assert chunk_condition(ChunkSplit("db.t", 0), lambda n: n) == ""
+
+
+@given(
+    keys=st.lists(st.integers(-1000, 1_000_000), min_size=0, max_size=300, unique=True),
+    size=st.integers(1, 40),
+    steps=st.lists(st.integers(1, 7), min_size=1, max_size=20),
+)
+def test_a_cut_taken_a_few_chunks_at_a_time_is_the_whole_cut(
+    keys: list[int], size: int, steps: list[int]
+) -> None:
+    """Cutting ahead a few chunks at a time (the cut's state through its codec between
+    takes, as a restore would) gives the chunks of the whole cut, in order; every key lies
+    in exactly one of them."""
+    keys.sort()
+
+    def key_after(table: str, key: str, at: int, n: int) -> int | None:
+        later = [k for k in keys if k >= at]
+        return later[n] if n < len(later) else None
+
+    stats = KeyStats(min(keys, default=None), max(keys, default=None), len(keys), len(keys))
+    start = start_cut("db.t", "id", size, stats)
+    whole = cut_ahead([start], None, key_after)[0]
+    codec = CdcStateCodec(PositionMark)
+    taken: list[ChunkSplit] = []
+    cuts: tuple[Cut, ...] = (start,)
+    for n in steps * 1000:
+        if not cuts:
+            break
+        chunks, cuts = cut_ahead(cuts, n, key_after)
+        assert 0 < len(chunks) <= n
+        taken += chunks
+        state = CdcState(AssignerState(), cuts=cuts)
+        cuts = codec.decode(json.loads(json.dumps(codec.encode(state))), codec.version).cuts
+    assert taken == whole
+    assert [c.index for c in taken] == list(range(len(taken)))
+    for k in keys:
+        holding = [c for c in taken if (c.lo is None or c.lo <= k) and (c.hi is None or k < c.hi)]
+        assert len(holding) == 1, (k, holding)
+
+
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 10_000)), max_size=60))
+def test_the_state_codec_encodes_marks_as_a_fresh_codec_does_as_they_come_and_are_replaced(
+    ops: list[tuple[bool, int]],
+) -> None:
+    """The codec encodes full pages of marks once; as marks are added, or replaced (taken out
+    and added last, as the enumerator does for a chunk read again), every encoding equals
+    a fresh codec's, and decodes to the marks."""
+    codec = CdcStateCodec(PositionMark)
+    codec.PAGE = 4  # type: ignore[misc]
+    marks: dict[str, PositionMark] = {}
+    for n, (replace, high) in enumerate(ops):
+        sid = f"t#{high % max(1, len(marks))}" if replace and marks else f"t#{n}"
+        marks.pop(sid, None)
+        marks[sid] = PositionMark(sid, "t", None, None, high)
+        state = CdcState(AssignerState(), marks=tuple(marks.values()))
+        fresh = CdcStateCodec(PositionMark)
+        fresh.PAGE = 4  # type: ignore[misc]
+        encoded = codec.encode(state)
+        assert encoded == fresh.encode(state)
+        assert codec.decode(json.loads(json.dumps(encoded)), 2).marks == state.marks

@@ -31,6 +31,7 @@ from tests.connectors.cdc.harness_suite import (
     rows_with_a_late_table,
     step,
 )
+from tests.support.cdc import chunks_of
 from tests.support.mariadb import MariaDB
 
 pytest.importorskip("pymysqlreplication", reason="pip install -e '.[mysql]'")
@@ -105,7 +106,7 @@ class MariaDbUnderTest(DatabaseUnderTest[MariaDB]):
 
     def cut(self, source: Any, table: str, chunk_size: int) -> list[ChunkSplit]:
         with catalog.connect(source.options) as conn:
-            return catalog.cut(conn, source.tables[table], chunk_size)
+            return chunks_of(catalog, conn, source.tables[table], chunk_size)
 
 
 @pytest.fixture

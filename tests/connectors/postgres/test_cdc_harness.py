@@ -24,6 +24,7 @@ from tests.connectors.cdc.harness_suite import (
     rows_with_a_late_table,
     step,
 )
+from tests.support.cdc import chunks_of
 
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.options import PostgresOptions
@@ -77,7 +78,7 @@ class PostgresUnderTest(DatabaseUnderTest[Postgres]):
 
     def cut(self, source: Any, table: str, chunk_size: int) -> list[ChunkSplit]:
         with catalog.connect(source.options) as conn:
-            return catalog.cut(conn, source.tables[table], chunk_size)
+            return chunks_of(catalog, conn, source.tables[table], chunk_size)
 
 
 @pytest.fixture

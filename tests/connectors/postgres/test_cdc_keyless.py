@@ -25,6 +25,7 @@ from tests.connectors.cdc.database import (
     table_now,
 )
 from tests.connectors.postgres.test_cdc_harness import PostgresUnderTest
+from tests.support.cdc import chunks_of
 
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.splits import ChunkSplit, LogSplit
@@ -130,7 +131,7 @@ def test_a_table_without_a_key_is_one_chunk_without_the_option(case: Case[Postgr
     table = source.tables[case.name]
     assert (table.key, table.chunk_key, table.replica_identity) == ((), "", "d")
     with catalog.connect(source.options) as conn:
-        assert catalog.cut(conn, table, 50) == [ChunkSplit(case.name, 0)]
+        assert chunks_of(catalog, conn, table, 50) == [ChunkSplit(case.name, 0)]
     harness = SourceHarness(source, 2)
     harness.run_to_end()
     rows = h.rows_of(harness.committed())
@@ -149,7 +150,7 @@ def test_chunk_key_column_cuts_a_keyless_table_and_the_first_chunk_takes_the_nul
     table = source.tables[case.name]
     assert table.chunk_key == "aid"
     with catalog.connect(source.options) as conn:
-        chunks = catalog.cut(conn, table, 500)
+        chunks = chunks_of(catalog, conn, table, 500)
     # 2970 values over 1..2999 (60 NULLs, 30 duplicates): steps of ceil(500 * 2999 / 2970)
     edges = [None, 506, 1011, 1516, 2021, 2526, None]
     assert [(c.key, c.lo, c.hi) for c in chunks] == [
@@ -169,7 +170,7 @@ def test_a_chunk_key_that_is_all_null_is_one_chunk(case: Case[Postgres]) -> None
     case.server.execute(f"UPDATE {case.table} SET aid = NULL")
     source = case.source(chunk_size=50, startupMode="snapshotOnly", chunkKeyColumn="aid")
     with catalog.connect(source.options) as conn:
-        chunks = catalog.cut(conn, source.tables[case.name], 50)
+        chunks = chunks_of(catalog, conn, source.tables[case.name], 50)
     assert chunks == [ChunkSplit(case.name, 0, "aid")]
     harness = SourceHarness(source, 1)
     harness.run_to_end()
@@ -313,7 +314,7 @@ def test_a_key_column_named_by_chunk_key_column_cuts_a_composite_key(case: Case[
     )
     source = case.source(chunkKeyColumn=f"{t}:a")
     with catalog.connect(source.options) as conn:
-        chunks = catalog.cut(conn, source.tables[case.name], 500)
+        chunks = chunks_of(catalog, conn, source.tables[case.name], 500)
     assert [(c.key, c.lo, c.hi) for c in chunks] == [("a", None, 501), ("a", 501, None)]
     harness: h.Harness = SourceHarness(source, 1)
     harness.settle()

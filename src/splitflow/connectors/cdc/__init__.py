@@ -16,15 +16,16 @@ module                 what it holds
                        :class:`PositionMark`, :class:`ChunkFilter` (a change's chunk by table and
                        chunk key value), :class:`ChunkReadEvent`, the codecs and the enumerator's
                        state
-:mod:`.chunks`         :func:`cut` (dense keys evenly, sparse keys by stepping, open ends, NULL
-                       keys in the first chunk) and :func:`chunk_condition`
+:mod:`.chunks`         :func:`start_cut` and :func:`cut_ahead` (a table cut as it is read: dense
+                       keys evenly, sparse keys by stepping, open ends, NULL keys in the first
+                       chunk) and :func:`chunk_condition`
 :mod:`.schema`         :data:`METADATA` (``op``, ``lsn``, ``commit_ts``, ``table``), :class:`Table`,
                        :func:`union_columns` (one schema by column name, checked) and
                        :class:`OutputSchema` (rows to Arrow)
-:mod:`.source`         :class:`CdcEnumerator` (tables cut once, chunk bookkeeping, watermarks
-                       collected, the switch to the log, backlog while the snapshot lasts and up
-                       to the log's end when it starts, ``maxChunksPerBatch``, confirming the log
-                       after completed checkpoints) and :class:`CdcSource`
+:mod:`.source`         :class:`CdcEnumerator` (tables cut ahead of the reads, chunk bookkeeping,
+                       watermarks collected, the switch to the log, backlog while the snapshot
+                       lasts and up to the log's end when it starts, ``maxChunksPerBatch``,
+                       confirming the log after completed checkpoints) and :class:`CdcSource`
 :mod:`.reader`         :class:`CdcSplitReader` (a chunk or one log piece per fetch), :class:`Piece`,
                        :class:`Pinned`, :class:`CdcEmitter` (a chunk's rows and watermark leave
                        together), :class:`CdcReader`, and :class:`KeptChunks` (a batch's chunk
@@ -53,8 +54,9 @@ module                 what it holds
            def list_tables(self, conn): ...                # names matching the options
            def prepare_log(self, conn, tables, new, start): ...  # make the log carry them;
                                                            # return its start when asked
-           def cut_table(self, conn, table):               # usually chunks.cut(...) with
-               ...                                         # min/max/count and key_after
+           def cut_table(self, conn, table):               # usually chunks.start_cut(...)
+               ...                                         # with min/max/count
+           def key_after(self, conn, table, key, at, rows): ...  # sparse keys' next bound
            def log_end(self, split): ...                   # the log's end now
            def confirm(self, position): ...                # optional: free the log before it
 
@@ -74,7 +76,7 @@ module                 what it holds
 database supports.
 """
 
-from splitflow.connectors.cdc.chunks import KeyStats, chunk_condition, cut
+from splitflow.connectors.cdc.chunks import KeyStats, chunk_condition, cut_ahead, start_cut
 from splitflow.connectors.cdc.reader import (
     CdcEmitter,
     CdcReader,
@@ -93,6 +95,7 @@ from splitflow.connectors.cdc.splits import (
     ChunkFilter,
     ChunkReadEvent,
     ChunkSplit,
+    Cut,
     Key,
     LogSplit,
     PositionMark,
@@ -115,6 +118,7 @@ __all__ = [
     "ChunkReadEvent",
     "ChunkSplit",
     "ColumnKind",
+    "Cut",
     "Key",
     "KeyStats",
     "LogRead",
@@ -126,6 +130,7 @@ __all__ = [
     "Table",
     "Watermark",
     "chunk_condition",
-    "cut",
+    "cut_ahead",
+    "start_cut",
     "union_columns",
 ]

@@ -7,10 +7,12 @@ The database answers two questions about the chunk key (:class:`KeyStats` and a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
-from splitflow.connectors.cdc.splits import ChunkSplit
+from splitflow.connectors.cdc.splits import ChunkSplit, Cut
 from splitflow.errors import ConfigurationError
 
 SPARSE = 4.0
@@ -27,46 +29,77 @@ class KeyStats(NamedTuple):
     rows: int
 
 
-def cut(
-    table: str,
-    key: str,
-    chunk_size: int,
-    stats: KeyStats,
-    key_after: Callable[[int, int], int | None],
-) -> list[ChunkSplit]:
-    """``table`` cut into chunks of about ``chunk_size`` rows by its integer column ``key``.
+KeyAfter = Callable[[str, str, int, int], int | None]
+"""``key_after(table, key, k, n)``: the value of ``table``'s chunk key ``key`` that comes ``n``
+rows after the first value ``>= k`` in key order (``WHERE key >= k ORDER BY key OFFSET n
+LIMIT 1``), None past the end."""
+
+
+def start_cut(table: str, key: str, chunk_size: int, stats: KeyStats) -> Cut:
+    """The cut of ``table`` into chunks of about ``chunk_size`` rows by its integer column
+    ``key`` (empty: no chunk key, one chunk), nothing cut yet (see :func:`next_chunks`)."""
+    low, high, values, rows = stats
+    if not key or low is None or high is None or rows <= chunk_size:
+        return Cut(table, key)
+    spread = (high - low + 1) / values
+    step = max(1, math.ceil(chunk_size * spread)) if spread <= SPARSE else 0
+    return Cut(table, key, chunk_size, low, high, step)
+
+
+def next_chunks(cut: Cut, n: int, key_after: KeyAfter) -> tuple[list[ChunkSplit], Cut | None]:
+    """The next (at most) ``n`` chunks of ``cut``, and the cut after them (None: the table
+    is cut whole).
 
     Ranges of the key's values: even when the values are dense (at most :data:`SPARSE`
-    values per row), found by stepping through them in order when they are sparse:
-    ``key_after(k, n)`` is the value ``n`` rows after the first value ``>= k`` in key order
-    (``WHERE key >= k ORDER BY key OFFSET n LIMIT 1``), None past the end. The first and
-    last chunks are open, so a value inserted beyond the range known now still belongs to
-    exactly one chunk, and the first also holds the rows whose key is NULL
-    (:func:`chunk_condition`): every row is in exactly one chunk. A table of at most
-    ``chunk_size`` rows is one (open) chunk.
+    values per row), found by stepping through them in order with ``key_after`` when they
+    are sparse. The first and last chunks are open, so a value inserted beyond the range
+    known at the start still belongs to exactly one chunk, and the first also holds the rows
+    whose key is NULL (:func:`chunk_condition`): every row is in exactly one chunk.
+    """
+    chunks: list[ChunkSplit] = []
+    rest: Cut | None = cut
+    while rest is not None and len(chunks) < n:
+        if rest.low is None:  # one chunk: the whole table
+            chunks.append(ChunkSplit(rest.table, 0, rest.key))
+            rest = None
+            continue
+        at = rest.low if rest.lo is None else rest.lo
+        if rest.step:
+            bound: int | None = at + rest.step if at + rest.step <= rest.high else None
+        else:
+            found = key_after(rest.table, rest.key, at, rest.size)
+            # a value held by more rows than a chunk: the chunk is that value's rows
+            bound = None if found is None else max(int(found), at + 1)
+        chunks.append(ChunkSplit(rest.table, rest.index, rest.key, rest.lo, bound))
+        rest = None if bound is None else replace(rest, index=rest.index + 1, lo=bound)
+    return chunks, rest
+
+
+def cut_ahead(
+    cuts: Sequence[Cut], n: int | None, key_after: KeyAfter
+) -> tuple[list[ChunkSplit], tuple[Cut, ...]]:
+    """The next (at most) ``n`` chunks of ``cuts`` (None: every chunk), table by table in
+    order, and the cuts that go on after them.
 
     >>> stats = KeyStats(low=1, high=3000, values=3000, rows=3000)
-    >>> [(c.lo, c.hi) for c in cut("db.t", "id", 1000, stats, lambda k, n: None)]
-    [(None, 1001), (1001, 2001), (2001, None)]
+    >>> chunks, rest = cut_ahead([start_cut("db.t", "id", 1000, stats)], 2, None)
+    >>> [(c.lo, c.hi) for c in chunks], rest[0].lo
+    ([(None, 1001), (1001, 2001)], 2001)
+    >>> [(c.lo, c.hi) for c in cut_ahead(rest, None, None)[0]]
+    [(2001, None)]
     """
-    low, high, values, rows = stats
-    if low is None or high is None or rows <= chunk_size:
-        return [ChunkSplit(table, 0, key)]
-    bounds: list[int] = []
-    spread = (high - low + 1) / values
-    if spread <= SPARSE:
-        step = max(1, math.ceil(chunk_size * spread))
-        bounds = list(range(low + step, high + 1, step))
-    else:
-        at = low
-        while True:
-            found = key_after(at, chunk_size)
-            if found is None:
-                break
-            at = int(found)
-            bounds.append(at)
-    edges: list[int | None] = [None, *bounds, None]
-    return [ChunkSplit(table, i, key, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+    chunks: list[ChunkSplit] = []
+    rest: list[Cut] = []
+    for cut in cuts:
+        left = sys.maxsize if n is None else n - len(chunks)
+        if left <= 0:
+            rest.append(cut)
+            continue
+        more, after = next_chunks(cut, left, key_after)
+        chunks.extend(more)
+        if after is not None:
+            rest.append(after)
+    return chunks, tuple(rest)
 
 
 def chunk_condition(split: ChunkSplit, quote: Callable[[str], str]) -> str:

@@ -2,7 +2,7 @@
 
 The enumerator (driver) prepares the log before anything is read (PostgreSQL: the
 publication and the replication slot), so the log holds every change from then on; cuts
-each table into key-range chunks once and assigns them (balanced); collects each chunk's
+each table into key-range chunks and assigns them (balanced); collects each chunk's
 watermark (:class:`~.splits.ChunkReadEvent`) as the chunk is read; and, once every chunk is
 read, starts the log split from the log's start position with the marks, so the log skips
 exactly the changes a chunk's rows already held. While chunks are read the source is
@@ -10,9 +10,17 @@ processing backlog; the log is backlog up to its end when it starts. What the lo
 is confirmed to the database (PostgreSQL: the slot advanced) only as far as a completed
 checkpoint covers it.
 
+Under ``maxChunksPerBatch`` a table is cut as it is read: the enumerator keeps
+2 x ``maxChunksPerBatch`` chunks (at least 2 per reader) ahead of the reads and, in its
+state, where each table's cut goes on (:class:`~.splits.Cut`, a few numbers), so the number
+of live chunk splits, and with it the cost of planning a batch, is bounded by what two
+batches read, not by the tables' sizes. Without it a batch may read every chunk, and tables
+are cut whole.
+
 A database subclasses :class:`CdcEnumerator` (its hooks: :meth:`~CdcEnumerator.connect`,
 :meth:`~CdcEnumerator.list_tables`, :meth:`~CdcEnumerator.prepare_log`,
-:meth:`~CdcEnumerator.cut_table`, :meth:`~CdcEnumerator.log_end`, and optionally
+:meth:`~CdcEnumerator.cut_table`, :meth:`~CdcEnumerator.key_after`,
+:meth:`~CdcEnumerator.log_end`, and optionally
 :meth:`~CdcEnumerator.confirm`) and :class:`CdcSource`.
 """
 
@@ -21,14 +29,15 @@ from __future__ import annotations
 import logging
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
 
+from splitflow.api.ahead import SplitsAhead
 from splitflow.api.assigner import AssignerState, AssigningSplitEnumerator
 from splitflow.api.enumerator import SplitEnumerator, SplitEnumeratorContext, SplitExtent
-from splitflow.api.events import SourceEvent
+from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.api.source import (
     Boundedness,
     Source,
@@ -44,6 +53,7 @@ from splitflow.connectors.cdc.changes import (
     difference,
     not_followed,
 )
+from splitflow.connectors.cdc.chunks import cut_ahead
 from splitflow.connectors.cdc.reader import KeptChunks
 from splitflow.connectors.cdc.schema import Table, union_columns
 from splitflow.connectors.cdc.splits import (
@@ -53,6 +63,7 @@ from splitflow.connectors.cdc.splits import (
     CdcStateCodec,
     ChunkReadEvent,
     ChunkSplit,
+    Cut,
     LogSplit,
     mark_tuple,
 )
@@ -110,7 +121,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
     keeps the highest ``lsn`` ends exact.
 
     Hooks (a database implements them): :meth:`connect`, :meth:`list_tables`,
-    :meth:`prepare_log`, :meth:`cut_table` (on the discovery's worker thread, on one
+    :meth:`prepare_log`, :meth:`cut_table`, :meth:`key_after` (on a worker thread, on one
     connection); :meth:`log_end` (the coordinator thread); :meth:`confirm` (a worker
     thread).
     """
@@ -137,6 +148,9 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         self._mode: str = options.mode
         self._chunk_size: int = options.chunk_size
         self._chunks_per_batch: int | None = options.chunks_per_batch
+        self._ahead: SplitsAhead[CdcSplit, Cut] = SplitsAhead(  # the cuts that go on
+            context, self._cut_next, self._add_chunks, lambda c: c.table, state.cuts
+        )
         self._tables: frozenset[str] = frozenset(state.tables)
         self._marks: dict[str, Any] = {m.split_id: m for m in state.marks}
         self._log_start = state.log_start
@@ -145,6 +159,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
             self._marks.clear()  # the log split carries them
         self._found_log_start: int | None = None  # handed over by discovery
         self._found_tables: tuple[str, ...] = ()  # handed over by discovery
+        self._found_cuts: tuple[Cut, ...] = ()  # handed over by discovery
         known = state.assigner.assigned.keys() | state.assigner.finished  # ids, all kinds
         self._chunk_ids: set[str] = {
             s.split_id for s in state.assigner.unassigned if isinstance(s, ChunkSplit)
@@ -176,8 +191,16 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         return self.log_end(None) if start else None
 
     @abstractmethod
-    def cut_table(self, conn: ConnT, table: str) -> list[ChunkSplit]:
-        """``table``'s chunks (usually :func:`~splitflow.connectors.cdc.chunks.cut`)."""
+    def cut_table(self, conn: ConnT, table: str) -> Cut:
+        """The start of ``table``'s cut into chunks, nothing cut yet (usually
+        :func:`~splitflow.connectors.cdc.chunks.start_cut` with the chunk key's min, max
+        and counts)."""
+
+    @abstractmethod
+    def key_after(self, conn: ConnT, table: str, key: str, at: int, rows: int) -> int | None:
+        """The value of ``table``'s chunk key ``key`` that comes ``rows`` rows after the first
+        value ``>= at`` in key order (``WHERE key >= at ORDER BY key OFFSET rows LIMIT 1``),
+        None past the end: how a table whose key values are sparse is cut."""
 
     @abstractmethod
     def log_end(self, split: LogSplit | None) -> int:
@@ -221,10 +244,11 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
             self._found_tables = tuple(new)
             if self._mode == "latest":
                 return []
-            splits: list[CdcSplit] = []
-            for table in new:
-                splits.extend(self.cut_table(conn, table))
-            return splits
+            cuts = [self.cut_table(conn, table) for table in new]
+            chunks, self._found_cuts = cut_ahead(
+                cuts, self._window(), lambda t, k, at, rows: self.key_after(conn, t, k, at, rows)
+            )
+            return list(chunks)
 
     def on_discovery_error(self, error: BaseException) -> None:
         if isinstance(error, ConnectorError | ValueError):
@@ -240,23 +264,68 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         if self._found_log_start is not None and self._log_start is None:
             self._log_start = self._found_log_start
         self._tables = self._tables | set(self._found_tables)
-        self._found_tables = ()
+        self._ahead.extend(self._found_cuts)
+        self._found_tables, self._found_cuts = (), ()
+        self._add_chunks(splits, at_start)
+
+    def _add_chunks(self, splits: Sequence[CdcSplit], at_start: bool = False) -> None:
         self._chunk_ids |= {s.split_id for s in splits if isinstance(s, ChunkSplit)}
         if self._mode == "initial" and not self._log_made and splits:
             self.hold_backlog(True)
         super().add_splits(splits, at_start=at_start)
         self._maybe_start_log()
+        self._maybe_cut_ahead()
+
+    def splits_to_come(self) -> bool:
+        """While a table's cut goes on, its next chunks are still to come."""
+        return self._ahead.pending
+
+    # -- cutting ahead of the reads ------------------------------------------------------------
+
+    def _window(self) -> int | None:
+        """How many chunks are kept live ahead of the reads: two batches' worth, and at
+        least two per reader; None: tables are cut whole (a batch may read every chunk)."""
+        if self._chunks_per_batch is None:
+            return None
+        return 2 * max(self._chunks_per_batch, self.context.current_parallelism)
+
+    def _maybe_cut_ahead(self) -> None:
+        window = self._window()
+        if window is None or not self._ahead.pending:
+            return
+        live = {s.split_id for s in self.unassigned_splits()}
+        live |= self.owners().keys() | self.awaiting_report().keys()
+        self._ahead.refill(window, sum(1 for sid in live if sid in self._chunk_ids))
+
+    def _cut_next(self, cuts: Sequence[Cut], n: int) -> tuple[list[CdcSplit], tuple[Cut, ...]]:
+        """The next ``n`` chunks of ``cuts`` (a worker thread), on a connection opened only
+        for a table whose key values are sparse."""
+        with ExitStack() as stack:
+            conns: list[ConnT] = []
+
+            def key_after(table: str, key: str, at: int, rows: int) -> int | None:
+                if not conns:
+                    conns.append(stack.enter_context(self.connect()))
+                return self.key_after(conns[0], table, key, at, rows)
+
+            chunks, rest = cut_ahead(cuts, n, key_after)
+            return list(chunks), rest
 
     # -- the switch to the log ---------------------------------------------------------------
 
     def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
         if isinstance(event, ChunkReadEvent):
             if not self._log_made:  # later chunks (new tables) have no place in the log
+                # a chunk read again: its new mark goes last, so the marks before it keep
+                # their places (the state's codec encodes a page of them once)
+                self._marks.pop(event.mark.split_id, None)
                 self._marks[event.mark.split_id] = event.mark
         elif isinstance(event, SchemaChange):
             self._source.schema_changed(event)
         else:
             super().handle_source_event(reader_id, event)
+            if isinstance(event, SplitsFinishedEvent):
+                self._maybe_cut_ahead()
         self._maybe_start_log()
 
     def _maybe_start_log(self) -> None:
@@ -265,6 +334,8 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         after the batch, through ``stateDir``)."""
         if self._log_made or self._mode == "snapshotOnly" or self._log_start is None:
             return
+        if self.splits_to_come() or len(self._marks) < len(self._chunk_ids):
+            return  # marks come after their chunks finished: cheap to tell while they are few
         if not self.discovered or not self._chunk_ids <= self.finished_splits():
             return
         if not self._chunk_ids <= self._marks.keys():
@@ -298,7 +369,11 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
             size = float(self._source.row_bytes.get(split.table, 100) * self._chunk_size)
             held = admit is not None and n >= admit and split.position == 0
             extents[split.split_id] = SplitExtent(  # a held chunk has not ended: not final
-                split.position if held else 1, final=not held, bytes_per_position=size, available=1
+                split.position if held else 1,
+                final=not held,
+                bytes_per_position=size,
+                available=1,
+                preexisting=True,
             )
         if logs:
             log_split = logs[0]
@@ -317,9 +392,10 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         return CdcState(
             super().snapshot_state(checkpoint_id),
             tuple(sorted(self._tables)),
-            tuple(self._marks[s] for s in sorted(self._marks)),
+            tuple(self._marks.values()),
             self._log_start,
             self._log_made,
+            self._ahead.cursors,
         )
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -381,6 +457,7 @@ class CdcSource(
         self.schema_record: SchemaRecord | None = None
         """Where schema changes are recorded (``stateDir``); None: nowhere, and a change
         fails the query as with ``schemaChanges=fail``."""
+        self._state_codec: CdcStateCodec | None = None
         self.kept_chunks: KeptChunks | None = None
         """Where a batch's chunk reads are kept (``stateDir``), for a database that
         :attr:`keeps_chunk_reads`; None: nowhere."""
@@ -514,7 +591,10 @@ class CdcSource(
 
     @property
     def enumerator_state_codec(self) -> Codec[CdcState]:
-        return CdcStateCodec(self.mark_type, self.source_name)
+        """One codec per source: it keeps the encoding of full pages of marks."""
+        if self._state_codec is None:
+            self._state_codec = CdcStateCodec(self.mark_type, self.source_name)
+        return self._state_codec
 
 
 def _as_cdc(enumerator: CdcEnumerator[Any]) -> SplitEnumerator[CdcSplit, CdcState]:

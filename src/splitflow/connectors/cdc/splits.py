@@ -59,6 +59,29 @@ class ChunkSplit:
         return f"{self.table}#{self.index}"
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A table's cut into chunks, as far as it has gone: the next chunk is number ``index``
+    and starts at ``lo`` (None: the first chunk, open below).
+
+    How the bounds go is fixed when the cut starts (:func:`~.chunks.start_cut`, from the
+    table's key statistics then): evenly by ``step`` up to ``high`` when the key's values are
+    dense, by stepping through them in key order (``step`` 0: a query per chunk) when they
+    are sparse; ``low`` None: the table is one chunk. A cut is a few numbers, so an
+    enumerator keeps it in its state and cuts the next chunks as readers need them
+    (:func:`~.chunks.next_chunks`), wherever it stopped.
+    """
+
+    table: str
+    key: str = ""
+    size: int = 0
+    low: int | None = None
+    high: int = 0
+    step: int = 0
+    index: int = 0
+    lo: int | None = None
+
+
 class Watermark(Protocol):
     """A chunk's watermark: which of the log's changes the chunk's rows already hold.
 
@@ -291,6 +314,8 @@ class CdcState:
     ``tables``: tables cut into chunks so far. ``marks``: watermarks of chunks read (until
     the log split, which then carries them, exists). ``log_start``: the position the log
     starts from. ``log_made``: the log split exists (in ``assigner``, or finished).
+    ``cuts``: the tables whose cut goes on (chunks are cut ahead of the reads, a bounded
+    number at a time, under ``maxChunksPerBatch``).
     """
 
     assigner: AssignerState[CdcSplit]
@@ -298,41 +323,76 @@ class CdcState:
     marks: tuple[Any, ...] = ()
     log_start: int | None = None
     log_made: bool = False
+    cuts: tuple[Cut, ...] = ()
 
 
 class CdcStateCodec(LedgerCodec[CdcState]):
     """Encodes :class:`CdcState`; its ledger is the assigner's (finished split ids).
 
     ``mark_type``: the database's :class:`Watermark` class; ``source``: the source's name in
-    errors.
+    errors. The marks (in the order they came; only added to, a mark that replaces another
+    taken out and added last) are encoded in pages of
+    :attr:`PAGE` keyed by number, and a full page is encoded once: the state of a snapshot
+    of 100,000 chunks costs its newest page per batch, not every mark, to encode and to
+    compare with the last (``stateDir`` writes what changed). Version 1 (marks as a list,
+    no cuts) still decodes.
     """
 
-    version = 1
+    PAGE = 500
+    """Marks per page."""
+
+    version = 2
 
     def __init__(self, mark_type: type[Any], source: str = "cdc") -> None:
         check_mark_type(mark_type)
         self._source = source
         self._assigner = AssignerStateCodec(CdcSplitCodec(source))
         self._marks: DataclassCodec[Any] = DataclassCodec(mark_type)
+        self._cuts = DataclassCodec(Cut)
+        self._pages: list[tuple[Any, list[JsonDict]]] = []  # full pages: (last mark, encoded)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pages": []}
 
     def encode(self, value: CdcState) -> JsonDict:
         return {
             "assigner": self._assigner.encode(value.assigner),
             "tables": list(value.tables),
-            "marks": [self._marks.encode(m) for m in value.marks],
+            "marks": self._encode_marks(value.marks),
             "log_start": value.log_start,
             "log_made": value.log_made,
+            "cuts": {c.table: self._cuts.encode(c) for c in value.cuts},
         }
 
+    def _encode_marks(self, marks: Sequence[Any]) -> JsonDict:
+        """``{"0": [first PAGE marks], "1": [...], ...}``; a full page whose last mark is
+        the object encoded last there before is that encoding: marks are only added, or
+        taken out (and added last), and a mark taken out at or before the page's end moves
+        another mark to that place."""
+        size, pages = self.PAGE, []
+        for n, start in enumerate(range(0, len(marks), size)):
+            page = marks[start : start + size]
+            done = self._pages[n] if n < len(self._pages) else None
+            if done is None or done[0] is not page[-1]:
+                done = (page[-1], [self._marks.encode(m) for m in page])
+            pages.append(done)
+        self._pages = [done for done in pages if len(done[1]) == size]
+        return {str(n): encoded for n, (_, encoded) in enumerate(pages)}
+
     def decode(self, data: Mapping[str, Any], version: int) -> CdcState:
-        if version != self.version:
-            raise IncompatibleCheckpointError(f"{self._source} state", found=version, expected=1)
+        if version not in (1, self.version):
+            raise IncompatibleCheckpointError(
+                f"{self._source} state", found=version, expected=[1, self.version]
+            )
+        pages = data["marks"]
+        marks = pages if version == 1 else [m for n in sorted(pages, key=int) for m in pages[n]]
         return CdcState(
             assigner=self._assigner.decode(data["assigner"], self._assigner.version),
             tables=tuple(data["tables"]),
-            marks=tuple(self._marks.decode(m, 1) for m in data["marks"]),
+            marks=tuple(self._marks.decode(m, 1) for m in marks),
             log_start=data["log_start"],
             log_made=bool(data["log_made"]),
+            cuts=tuple(self._cuts.decode(c, 1) for c in data.get("cuts", {}).values()),
         )
 
     def split_ledger(self, value: CdcState) -> tuple[CdcState, frozenset[str]]:

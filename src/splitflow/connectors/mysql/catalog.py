@@ -17,7 +17,7 @@ import pymysql
 from splitflow.connectors.cdc import chunks
 from splitflow.connectors.cdc.chunks import KeyStats
 from splitflow.connectors.cdc.schema import Table
-from splitflow.connectors.cdc.splits import ChunkSplit
+from splitflow.connectors.cdc.splits import ChunkSplit, Cut
 from splitflow.connectors.mysql import gtid
 from splitflow.connectors.mysql.options import MySqlOptions
 from splitflow.connectors.mysql.types import ColumnType, TypeMapping
@@ -246,28 +246,33 @@ def describe_table(conn: Any, table: str, options: MySqlOptions | None = None) -
     return Table(table, columns, key, chunk_key)
 
 
-def cut(conn: Any, table: MySqlTable, chunk_size: int) -> list[ChunkSplit]:
-    """``table`` cut into chunks of about ``chunk_size`` rows by its chunk key, as the core
-    cuts (:func:`splitflow.connectors.cdc.chunks.cut`); without one, one chunk."""
+def cut(conn: Any, table: MySqlTable, chunk_size: int) -> Cut:
+    """The start of ``table``'s cut into chunks of about ``chunk_size`` rows by its chunk
+    key, as the core cuts (:func:`splitflow.connectors.cdc.chunks.start_cut`); without one,
+    one chunk."""
     if not table.chunk_key:
-        return [ChunkSplit(table.name, 0)]
+        return Cut(table.name)
     key, name = quote_name(table.chunk_key), quoted(table.name)
     ((low, high, values, count),) = query(
         conn, f"SELECT MIN({key}), MAX({key}), COUNT({key}), COUNT(*) FROM {name}"
     )
-
-    def key_after(at: int, offset: int) -> int | None:
-        found = query(
-            conn,
-            f"SELECT {key} FROM {name} WHERE {key} >= %s ORDER BY {key} LIMIT 1 OFFSET %s",
-            (at, offset),
-        )
-        return int(found[0][0]) if found else None
-
     stats = KeyStats(
         None if low is None else int(low), None if high is None else int(high), values, count
     )
-    return chunks.cut(table.name, table.chunk_key, chunk_size, stats, key_after)
+    return chunks.start_cut(table.name, table.chunk_key, chunk_size, stats)
+
+
+def key_after(conn: Any, table: str, key: str, at: int, rows: int) -> int | None:
+    """The value of ``table``'s column ``key`` ``rows`` rows after the first value ``>= at``
+    in key order, None past the end."""
+    column = quote_name(key)
+    found = query(
+        conn,
+        f"SELECT {column} FROM {quoted(table)} WHERE {column} >= %s "
+        f"ORDER BY {column} LIMIT 1 OFFSET %s",
+        (at, rows),
+    )
+    return int(found[0][0]) if found else None
 
 
 def chunk_condition(split: ChunkSplit) -> str:

@@ -24,7 +24,13 @@ import pymysql
 from splitflow.api.enumerator import SplitEnumeratorContext
 from splitflow.api.reader import SourceReader, SourceReaderContext
 from splitflow.connectors.cdc.source import CdcEnumerator, CdcSource
-from splitflow.connectors.cdc.splits import CdcSplit, CdcState, ChunkSplit, LogSplit, PositionMark
+from splitflow.connectors.cdc.splits import (
+    CdcSplit,
+    CdcState,
+    Cut,
+    LogSplit,
+    PositionMark,
+)
 from splitflow.connectors.mysql import catalog, gtid
 from splitflow.connectors.mysql.catalog import MySqlTable
 from splitflow.connectors.mysql.options import MySqlOptions
@@ -73,8 +79,11 @@ class MySqlEnumerator(CdcEnumerator[Any]):
         _, _, position = catalog.snapshot_position(conn, self._options.where)
         return position
 
-    def cut_table(self, conn: Any, table: str) -> list[ChunkSplit]:
+    def cut_table(self, conn: Any, table: str) -> Cut:
         return catalog.cut(conn, self._my.table(table, conn), self._options.chunk_size)
+
+    def key_after(self, conn: Any, table: str, key: str, at: int, rows: int) -> int | None:
+        return catalog.key_after(conn, table, key, at, rows)
 
     def _connection(self) -> Any:
         if self._conn is None or not self._conn.open:

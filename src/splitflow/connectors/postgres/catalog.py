@@ -17,6 +17,7 @@ from psycopg import sql
 
 from splitflow.connectors.cdc import changes, chunks, schema
 from splitflow.connectors.cdc.chunks import KeyStats
+from splitflow.connectors.cdc.splits import Cut
 from splitflow.connectors.postgres.options import PostgresOptions
 from splitflow.connectors.postgres.splits import ChunkSplit
 from splitflow.connectors.postgres.types import ColumnType, TypeMapping, adapters
@@ -317,30 +318,37 @@ def ensure_slot(conn: psycopg.Connection[Any], options: PostgresOptions) -> int:
     return int(made[0])
 
 
-def cut(conn: psycopg.Connection[Any], table: Table, chunk_size: int) -> list[ChunkSplit]:
-    """``table`` cut into chunks of about ``chunk_size`` rows by its chunk key
-    (:attr:`Table.chunk_key`, an integer column), as the core cuts
-    (:func:`splitflow.connectors.cdc.chunks.cut`: even ranges when the values are dense,
-    found by stepping through them in order when they are sparse; open first and last
-    chunks; NULL keys in the first). Without a chunk key the whole table is one chunk.
+def cut(conn: psycopg.Connection[Any], table: Table, chunk_size: int) -> Cut:
+    """The start of ``table``'s cut into chunks of about ``chunk_size`` rows by its chunk
+    key (:attr:`Table.chunk_key`, an integer column), as the core cuts
+    (:func:`splitflow.connectors.cdc.chunks.start_cut`: even ranges when the values are
+    dense, found by stepping through them in order (:func:`key_after`) when they are sparse;
+    open first and last chunks; NULL keys in the first). Without a chunk key the whole table
+    is one chunk.
     """
     if not table.chunk_key:
-        return [ChunkSplit(table.name, 0)]
+        return Cut(table.name)
     key = table.chunk_key
     stats = conn.execute(
         sql.SQL("SELECT min({k}), max({k}), count({k}), count(*) FROM {t}").format(
             k=sql.Identifier(key), t=quoted(table.name)
         )
     ).fetchone() or (None, None, 0, 0)
-    step_query = sql.SQL(
-        "SELECT {k} FROM {t} WHERE {k} >= %s ORDER BY {k} OFFSET %s LIMIT 1"
-    ).format(k=sql.Identifier(key), t=quoted(table.name))
+    return chunks.start_cut(table.name, key, chunk_size, KeyStats(*stats))
 
-    def key_after(at: int, offset: int) -> int | None:
-        found = conn.execute(step_query, (at, offset)).fetchone()
-        return None if found is None else int(found[0])
 
-    return chunks.cut(table.name, key, chunk_size, KeyStats(*stats), key_after)
+def key_after(
+    conn: psycopg.Connection[Any], table: str, key: str, at: int, rows: int
+) -> int | None:
+    """The value of ``table``'s column ``key`` ``rows`` rows after the first value ``>= at``
+    in key order, None past the end."""
+    found = conn.execute(
+        sql.SQL("SELECT {k} FROM {t} WHERE {k} >= %s ORDER BY {k} OFFSET %s LIMIT 1").format(
+            k=sql.Identifier(key), t=quoted(table)
+        ),
+        (at, rows),
+    ).fetchone()
+    return None if found is None else int(found[0])
 
 
 def chunk_condition(split: ChunkSplit) -> str:

@@ -26,6 +26,7 @@ from splitflow.api.reader import SourceReader, SourceReaderContext
 from splitflow.connectors.cdc.changes import SchemaRecord, StateFile
 from splitflow.connectors.cdc.source import CdcEnumerator as CoreEnumerator
 from splitflow.connectors.cdc.source import CdcSource
+from splitflow.connectors.cdc.splits import Cut
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.catalog import Table
 from splitflow.connectors.postgres.options import PostgresOptions
@@ -36,7 +37,6 @@ from splitflow.connectors.postgres.splits import (
     CdcSplit,
     CdcState,
     ChunkMark,
-    ChunkSplit,
     LogSplit,
 )
 from splitflow.connectors.postgres.types import ColumnType, TypeMapping
@@ -92,8 +92,13 @@ class CdcEnumerator(CoreEnumerator[psycopg.Connection[Any]]):
         catalog.ensure_publication(conn, self._options, tables)
         return catalog.ensure_slot(conn, self._options) if start else None
 
-    def cut_table(self, conn: psycopg.Connection[Any], table: str) -> list[ChunkSplit]:
+    def cut_table(self, conn: psycopg.Connection[Any], table: str) -> Cut:
         return catalog.cut(conn, self._pg.table(table, conn), self._options.chunk_size)
+
+    def key_after(
+        self, conn: psycopg.Connection[Any], table: str, key: str, at: int, rows: int
+    ) -> int | None:
+        return catalog.key_after(conn, table, key, at, rows)
 
     # -- positions and the slot ----------------------------------------------------------------
 
