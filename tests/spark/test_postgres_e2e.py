@@ -107,36 +107,3 @@ def test_backlog_lasts_through_the_snapshot_and_the_log_up_to_its_start_and_no_s
     for path in [*checkpoint.rglob("*"), *state.rglob("*")]:
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), f"the password is in {path}"
-
-
-def test_an_available_now_run_reads_every_chunk_of_a_table_cut_as_it_is_read(
-    spark: Any, postgres: Postgres, tmp_path: Path
-) -> None:
-    """Under ``maxChunksPerBatch`` the table is cut as it is read, so most chunks are made
-    after an ``availableNow`` run fixed what it reads; their rows existed at its start, so
-    the run reads them all: every row once, at most ``maxChunksPerBatch`` chunks a batch."""
-    table = "available_now_orders"
-    postgres.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, version int, payload text)")
-    postgres.execute(f"INSERT INTO {table} SELECT g, 0, 'p' FROM generate_series(1, 2000) g")
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    query = (
-        spark.readStream.format("splitflow-postgres-cdc")
-        .option("conninfo", postgres.conninfo())
-        .option("tables", table)
-        .option("slotName", "s_available_now")
-        .option("chunkSize", "100")  # 20 chunks
-        .option("maxChunksPerBatch", "3")  # 6 cut ahead
-        .option("stateDir", str(tmp_path / "state"))
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180), "the availableNow run did not end"
-    read = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    ids = sorted(r["id"] for r in spark.read.parquet(str(out)).select("id").collect())
-    assert ids == list(range(1, 2001))
-    assert len(read) >= 7, read
-    assert max(read) <= 300, read
