@@ -14,7 +14,7 @@ from splitflow.api.ahead import SplitsAhead
 from splitflow.api.assigner import AssigningSplitEnumerator
 from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.coordinator import NoMoreSplits
-from splitflow.errors import ConfigurationError, ConnectorError
+from splitflow.errors import ConfigurationError, ConnectorError, ContractViolation
 
 WINDOW = 4
 
@@ -109,31 +109,48 @@ def test_splits_are_made_a_window_ahead_in_order_and_the_end_is_told_after_the_l
     assert h.failures == []
 
 
-def test_a_failed_make_is_tried_again_and_loses_nothing() -> None:
+def test_a_failed_make_is_tried_again_after_a_delay_and_loses_nothing() -> None:
     upstream = Upstream()
     h = make(upstream, Range("a", 0, 6))
     upstream.errors = [OSError("connection reset")]
     finish(h, "a-0")  # the make fails: the range stays where it was
     assert h.enumerator.ahead.cursors == (Range("a", 4, 6),)
-    assert sorted(h.enumerator.owners()) == ["a-1", "a-2", "a-3"]
-    finish(h, "a-1")  # the next finish makes what is missing
+    finish(h, "a-1")  # a refill while the retry waits makes nothing
+    assert sorted(h.enumerator.owners()) == ["a-2", "a-3"]
+    assert upstream.makes == [4, 1]
+    h.scheduler.advance(SplitsAhead.retry_delay)  # the retry, then the refill after it
     assert sorted(h.enumerator.owners()) == ["a-2", "a-3", "a-4", "a-5"]
-    assert upstream.makes == [4, 1, 2]
+    assert upstream.makes == [4, 1, 1, 1]
+    assert h.enumerator.ahead.cursors == ()
     assert h.failures == []
 
 
 def test_three_failed_makes_in_a_row_fail_the_source_naming_the_cursor() -> None:
+    """Finishes while a retry waits spend no attempt: three makes fail, one after another."""
     upstream = Upstream()
     h = make(upstream, Range("a", 0, 9))
     upstream.errors = [OSError("connection reset")] * 3
-    finish(h, "a-0")
-    finish(h, "a-1")
+    finish(h, "a-0", "a-1", "a-2")
+    h.scheduler.advance(SplitsAhead.retry_delay)
     assert h.failures == []
-    finish(h, "a-2")
+    h.scheduler.advance(2 * SplitsAhead.retry_delay)
     [failure] = h.failures
     assert isinstance(failure, ConnectorError)
     assert "next splits of a" in str(failure)
+    assert "3 time(s) in a row" in str(failure)
     assert "connection reset" in str(failure)
+    assert len(upstream.makes) == 4
+
+
+def test_a_make_that_makes_nothing_while_cursors_go_on_is_a_contract_violation() -> None:
+    class Stuck(Upstream):
+        def make(self, cursors: Sequence[Range], n: int) -> tuple[list[Split], list[Range]]:
+            return super().make(cursors, n) if not self.makes else ([], list(cursors))
+
+    h = make(Stuck(), Range("a", 0, 9))
+    finish(h, "a-0")
+    [failure] = h.failures
+    assert isinstance(failure, ContractViolation)
 
 
 @pytest.mark.parametrize("error", [ConfigurationError("option x: bad", option="x")])

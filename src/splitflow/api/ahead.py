@@ -17,10 +17,18 @@ stays live. The CDC sources use it (:mod:`splitflow.connectors.cdc.source`)::
                 cursors=state.cursors,
             )
 
+        def add_splits(self, splits, *, at_start=False):  # after a discovery, or a make
+            super().add_splits(splits, at_start=at_start)
+            self._refill()
+
         def handle_source_event(self, reader_id, event):
             super().handle_source_event(reader_id, event)
             if isinstance(event, SplitsFinishedEvent):
-                self._ahead.refill(window=8, live=len(self.owners()))
+                self._refill()
+
+        def _refill(self):                   # the splits not finished: 8 at most
+            live = len(self.owners()) + len(self.unassigned_splits()) + len(self.awaiting_report())
+            self._ahead.refill(window=8, live=live)
 
         def splits_to_come(self):
             return self._ahead.pending       # no reader hears "no more splits" before
@@ -60,10 +68,14 @@ class SplitsAhead(Generic[SplitT, CursorT]):
     the enumerator does with made splits (usually :meth:`add_splits`); called by: the
     coordinator thread. ``key(cursor)``: a cursor's name, unique among the cursors.
 
-    A failed ``make`` is tried again at the next :meth:`refill`, up to ``attempts`` failures
-    in a row; a ConfigurationError, DataLossError or ContractViolation fails the source at
-    once. Nothing is lost meanwhile: the cursors stay where they were.
+    A failed ``make`` is tried again after :attr:`retry_delay` seconds (times the failures
+    so far), up to ``attempts`` failures in a row; refills wait for it. A ConfigurationError,
+    DataLossError or ContractViolation fails the source at once. Nothing is lost meanwhile:
+    the cursors stay where they were, and the splits made so far are read on.
     """
+
+    retry_delay = 1.0
+    """Seconds before a failed make is tried again (times the failures in a row)."""
 
     def __init__(
         self,
@@ -104,35 +116,50 @@ class SplitsAhead(Generic[SplitT, CursorT]):
         want = window - live
         if want <= 0 or not self._cursors or self._making:
             return
-        taken = self.cursors
         self._making = True
+        self._start(self.cursors, want, delay=0.0)
+
+    def _start(self, taken: Sequence[CursorT], want: int, delay: float) -> None:
         self._context.call_async(
             lambda: self._make(taken, want),
-            lambda made, error: self._made(taken, made, error),
+            lambda made, error: self._made(taken, want, made, error),
+            initial_delay=delay,
         )
 
     def _made(
         self,
         taken: Sequence[CursorT],
+        want: int,
         made: Made[SplitT, CursorT] | None,
         error: BaseException | None,
     ) -> None:
-        self._making = False
+        names = ", ".join(self._key(c) for c in taken)
         if made is None:
             self._failures += 1
-            names = ", ".join(self._key(c) for c in taken)
             fatal = isinstance(error, ConfigurationError | DataLossError | ContractViolation)
             if fatal or self._failures >= self._attempts:
+                self._making = False
                 raise ConnectorError(
                     f"making the next splits of {names} failed ({self._failures} time(s) in a "
                     f"row): {error}"
                 ) from error
+            delay = self.retry_delay * self._failures
             log.warning(
-                "splitflow: making the next splits of %s failed (again later): %s", names, error
+                "splitflow: making the next splits of %s failed (again in %.0f s): %s",
+                names,
+                delay,
+                error,
             )
+            self._start(taken, want, delay)  # the same make: nothing else changed the cursors
             return
+        self._making = False
         self._failures = 0
         splits, rest = made
+        if not splits and rest:
+            raise ContractViolation(
+                f"making the next splits of {names} made none, and cursors go on: a make "
+                "returns at least one split, or drops the cursors it has made to their end"
+            )
         for cursor in taken:  # a discovery may have added other cursors meanwhile
             self._cursors.pop(self._key(cursor), None)
         self.extend(rest)

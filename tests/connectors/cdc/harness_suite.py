@@ -342,6 +342,50 @@ class CdcHarnessSuite:
         assert cursors, "no checkpoint held a cut that goes on"
         assert 0 < min(cursors) <= max(cursors) < 30, cursors
 
+    def test_a_cut_left_half_done_is_finished_whole_by_a_restore_without_the_option(
+        self, case: Case[Any]
+    ) -> None:
+        """A checkpoint taken mid-cut (``maxChunksPerBatch``), restored by a query without
+        the option: the rest of the table is cut whole at once, and the log starts."""
+
+        def disturb(h: Harness, w: Writer) -> None:
+            phases = Phases(h)
+            step(h, phases)
+            checkpoint_id = h.checkpoint()
+            assert h.checkpoints[checkpoint_id].enumerator.cuts, "no cut goes on"
+            h.complete(checkpoint_id)
+            w.write(5)
+            h.source = case.source(100)  # the same query, without maxChunksPerBatch
+            h.restore()
+            enumerator: Any = h.coordinator.enumerator
+            assert not enumerator.splits_to_come()
+            assert len(enumerator._chunk_ids) == 30
+
+        run_exact(case, disturb, chunk_size=100, maxChunksPerBatch="2")
+
+    def test_only_chunks_of_tables_found_at_the_start_hold_data_older_than_they_are(
+        self, case: Case[Any]
+    ) -> None:
+        """A chunk cut later holds rows that existed when the run started (an
+        ``availableNow`` run reads it), unless its table was found after the start."""
+        db = case.database
+        make_table(db, case.table, range(1, 1001))
+        source = case.source(100, tables=db.pattern(case.table), discoveryInterval="1s")
+        harness: Harness = SourceHarness(source, 2)
+        harness.settle()
+        make_table(db, f"{case.table}_late", range(1, 11))
+        harness.advance(1.0)  # discovery: the new table's chunk
+        enumerator: Any = harness.coordinator.enumerator
+        held = [s for splits in harness.reader_splits().values() for s in splits]
+        held += enumerator.unassigned_splits()
+        extents = enumerator.latest_positions(held)
+        old = {s.table: extents[s.split_id].preexisting for s in held if isinstance(s, ChunkSplit)}
+        harness.close()
+        assert old == {
+            db.qualified(case.table): True,
+            db.qualified(f"{case.table}_late"): False,
+        }
+
     def test_inserts_only_while_chunks_are_read_come_exactly_once(self, case: Case[Any]) -> None:
         live = make_table(case.database, case.table, range(1, 6001))
         writer = Writer(case.database, case.table, live, seed=11)

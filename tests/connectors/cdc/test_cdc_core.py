@@ -62,7 +62,7 @@ def test_postgres_offsets_written_before_the_core_decode_and_encode_the_same() -
         "public.orders#0", "public.orders", None, 100, 750, 752, (750,), 23_456_789
     )
     state = state_codec.decode(sample["state"], sample["state_codec_version"])
-    assert sample["state_codec_version"] == 1  # version 2 keys the marks by split id
+    assert sample["state_codec_version"] == 1  # version 2 holds the marks in pages
     encoded = state_codec.encode(state)
     assert encoded == {
         **sample["state"],

@@ -27,6 +27,7 @@ A database subclasses :class:`CdcEnumerator` (its hooks: :meth:`~CdcEnumerator.c
 from __future__ import annotations
 
 import logging
+import sys
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
@@ -152,6 +153,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
             context, self._cut_next, self._add_chunks, lambda c: c.table, state.cuts
         )
         self._tables: frozenset[str] = frozenset(state.tables)
+        self._at_start: frozenset[str] = self._tables  # known by the run's first discovery
         self._marks: dict[str, Any] = {m.split_id: m for m in state.marks}
         self._log_start = state.log_start
         self._log_made = state.log_made
@@ -259,11 +261,13 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         """Discovery lists only new tables' chunks: a split it does not list is not gone."""
 
     def add_splits(self, splits: Sequence[CdcSplit], *, at_start: bool = False) -> None:
-        """Also takes over what the discovery before it found: the log's start and the
-        tables it cut (a table is cut once)."""
+        """Also takes over what the discovery before it found: the log's start, the tables
+        it found (a table is found once) and the cuts that go on."""
         if self._found_log_start is not None and self._log_start is None:
             self._log_start = self._found_log_start
         self._tables = self._tables | set(self._found_tables)
+        if at_start:
+            self._at_start = self._tables
         self._ahead.extend(self._found_cuts)
         self._found_tables, self._found_cuts = (), ()
         self._add_chunks(splits, at_start)
@@ -290,8 +294,11 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
         return 2 * max(self._chunks_per_batch, self.context.current_parallelism)
 
     def _maybe_cut_ahead(self) -> None:
+        if not self._ahead.pending:
+            return
         window = self._window()
-        if window is None or not self._ahead.pending:
+        if window is None:  # restored from a run with maxChunksPerBatch: the rest whole
+            self._ahead.refill(sys.maxsize, 0)
             return
         live = {s.split_id for s in self.unassigned_splits()}
         live |= self.owners().keys() | self.awaiting_report().keys()
@@ -373,7 +380,7 @@ class CdcEnumerator(AssigningSplitEnumerator[CdcSplit], Generic[ConnT]):
                 final=not held,
                 bytes_per_position=size,
                 available=1,
-                preexisting=True,
+                preexisting=split.table in self._at_start,  # cut after the run started
             )
         if logs:
             log_split = logs[0]

@@ -22,6 +22,7 @@ import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import is_
 from typing import Any, Protocol, TypeVar
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec
@@ -330,8 +331,8 @@ class CdcStateCodec(LedgerCodec[CdcState]):
     """Encodes :class:`CdcState`; its ledger is the assigner's (finished split ids).
 
     ``mark_type``: the database's :class:`Watermark` class; ``source``: the source's name in
-    errors. The marks (in the order they came; only added to, a mark that replaces another
-    taken out and added last) are encoded in pages of
+    errors. The marks (in the order they came; a mark that replaces another is taken out
+    and added last, so the pages before it stay as they were) are encoded in pages of
     :attr:`PAGE` keyed by number, and a full page is encoded once: the state of a snapshot
     of 100,000 chunks costs its newest page per batch, not every mark, to encode and to
     compare with the last (``stateDir`` writes what changed). Version 1 (marks as a list,
@@ -349,7 +350,7 @@ class CdcStateCodec(LedgerCodec[CdcState]):
         self._assigner = AssignerStateCodec(CdcSplitCodec(source))
         self._marks: DataclassCodec[Any] = DataclassCodec(mark_type)
         self._cuts = DataclassCodec(Cut)
-        self._pages: list[tuple[Any, list[JsonDict]]] = []  # full pages: (last mark, encoded)
+        self._pages: list[tuple[Sequence[Any], list[JsonDict]]] = []  # full: (marks, encoded)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pages": []}
@@ -365,16 +366,14 @@ class CdcStateCodec(LedgerCodec[CdcState]):
         }
 
     def _encode_marks(self, marks: Sequence[Any]) -> JsonDict:
-        """``{"0": [first PAGE marks], "1": [...], ...}``; a full page whose last mark is
-        the object encoded last there before is that encoding: marks are only added, or
-        taken out (and added last), and a mark taken out at or before the page's end moves
-        another mark to that place."""
+        """``{"0": [first PAGE marks], "1": [...], ...}``; a full page of the very mark
+        objects encoded there before is that encoding (told apart by identity, in C)."""
         size, pages = self.PAGE, []
         for n, start in enumerate(range(0, len(marks), size)):
             page = marks[start : start + size]
             done = self._pages[n] if n < len(self._pages) else None
-            if done is None or done[0] is not page[-1]:
-                done = (page[-1], [self._marks.encode(m) for m in page])
+            if done is None or len(done[0]) != len(page) or not all(map(is_, done[0], page)):
+                done = (page, [self._marks.encode(m) for m in page])
             pages.append(done)
         self._pages = [done for done in pages if len(done[1]) == size]
         return {str(n): encoded for n, (_, encoded) in enumerate(pages)}
