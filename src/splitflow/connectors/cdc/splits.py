@@ -312,9 +312,10 @@ def _json(value: Any) -> Any:
 class CdcState:
     """The CDC enumerator's snapshot: the assigner's state plus the snapshot phase's.
 
-    ``tables``: tables cut into chunks so far. ``marks``: watermarks of chunks read (until
-    the log split, which then carries them, exists). ``log_start``: the position the log
-    starts from. ``log_made``: the log split exists (in ``assigner``, or finished).
+    ``tables``: tables found so far (cut into chunks, or being cut: ``cuts``). ``marks``:
+    watermarks of chunks read (until the log split, which then carries them, exists).
+    ``log_start``: the position the log starts from. ``log_made``: the log split exists (in
+    ``assigner``, or finished).
     ``cuts``: the tables whose cut goes on (chunks are cut ahead of the reads, a bounded
     number at a time, under ``maxChunksPerBatch``).
     """
