@@ -94,7 +94,7 @@ class Aligner(Generic[SplitT]):
                 self._active_at[sid] = now
         for sid in [sid for sid in self._active_at if sid not in held]:
             del self._active_at[sid]
-        to_read = {sid: split.position + backlogs[sid] for sid, split in held.items()}
+        to_read = {sid: split.position + backlogs.get(sid, 0) for sid, split in held.items()}
         idle = frozenset(
             sid
             for sid, split in held.items()
@@ -263,7 +263,7 @@ def capped(
     """``backlogs`` cut to end at ``caps`` (split id -> stop) from ``positions``."""
     result = dict(backlogs)
     for sid, cap in caps.items():
-        result[sid] = min(result[sid], cap - positions[sid])
+        result[sid] = min(result.get(sid, 0), cap - positions[sid])
     return result
 
 

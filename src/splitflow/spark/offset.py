@@ -3,8 +3,10 @@ tasks it is read by. No pyspark import here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT
@@ -16,8 +18,6 @@ from splitflow.spark.events import decode_events, encode_events
 from splitflow.spark.snapshots import StateRef
 
 OFFSET_FORMAT = 1
-SplitCache = dict[int, tuple[Any, list[Any]]]
-"""id(split) -> (split, [split id, encoded split]): what :meth:`BatchOffset.encode` reuses."""
 
 
 @dataclass(frozen=True)
@@ -73,45 +73,13 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         }
 
     def encode(
-        self, source: Source[Any, SplitT, EnumStateT], cache: SplitCache | None = None
+        self,
+        source: Source[Any, SplitT, EnumStateT],
+        encoder: OffsetEncoder[SplitT, EnumStateT] | None = None,
     ) -> JsonDict:
-        """The offset as JSON primitives.
-
-        ``cache`` (the encoder's own, kept from one offset to the next) saves encoding a
-        split object that an earlier offset encoded already: splits are immutable, and a
-        batch moves few of them. It ends holding this offset's splits only.
-        """
-        splits = source.split_codec
-        enum_codec = source.enumerator_state_codec
-        seen: SplitCache = {}
-
-        def encoded(split: SplitT) -> list[Any]:
-            hit = None if cache is None else cache.get(id(split))
-            if hit is None or hit[0] is not split:
-                hit = (split, [split.split_id, splits.encode(split)])
-            seen[id(split)] = hit
-            return hit[1]
-
-        slots = [
-            [[*encoded(s.split), s.stop, *([1] if s.ends else [])] for s in slot]
-            for slot in self.slots
-        ]
-        if cache is not None:
-            cache.clear()
-            cache.update(seen)
-        return {
-            "splitflow": OFFSET_FORMAT,
-            "seq": self.seq,
-            "codecs": [enum_codec.version, splits.version],
-            "enumerator": enum_codec.encode(self.enumerator),
-            "slots": slots,
-            "backlog": self.backlog,
-            "events_through": self.events_through,
-            "to_readers": {str(r): encode_events(e) for r, e in self.to_readers.items() if e},
-            **({} if self.ledger is None else {"ledger": self.ledger.encode()}),
-            **({"event_times": dict(self.event_times)} if self.event_times else {}),
-            **({} if self.owner is None else {"owner": self.owner}),
-        }
+        """The offset as JSON primitives (``encoder``: the planner's, which reuses what it
+        encoded for the offset before)."""
+        return (encoder or OffsetEncoder(source)).encode(self)
 
     @classmethod
     def decode(
@@ -148,6 +116,85 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             event_times={k: int(v) for k, v in data.get("event_times", {}).items()},
             owner=data.get("owner"),
         )
+
+
+class OffsetEncoder(Generic[SplitT, EnumStateT]):
+    """Encodes one planner's offsets, each reusing what the one before it encoded.
+
+    A slot's slices are encoded as a list of entries ``[split id, split, stop, (1 if it
+    ends)]`` in the slot's order. Splits and slices are immutable and a batch changes few
+    of them, so when a slot holds the same splits in the same order as in the offset
+    encoded last, the slices that are not the same objects as then are found by identity
+    at C speed, and only their entries are made anew: the others are the same list
+    objects as before (which :func:`~splitflow.spark.offsetstate.difference` skips by
+    identity). A slot whose splits changed is encoded whole, reusing each split's encoding.
+
+    Called by: the planner, one offset at a time.
+    """
+
+    def __init__(self, source: Source[Any, SplitT, EnumStateT]) -> None:
+        self.source = source
+        self._slots: Sequence[Sequence[Slice[SplitT]]] = ()
+        self._entries: list[list[list[Any]]] = []
+        self.changed: list[list[list[Any]] | None] = []
+        """Per slot of the offset encoded last: the entries that are new (their split or
+        stop changed; the others are as in :attr:`since`), or None when the slot was encoded
+        whole."""
+        self.since: list[list[list[Any]]] | None = None
+        """The ``slots`` of the offset encoded before the last one (what :attr:`changed`
+        is relative to)."""
+
+    def encode(self, offset: BatchOffset[SplitT, EnumStateT]) -> JsonDict:
+        enum_codec = self.source.enumerator_state_codec
+        entries: list[list[list[Any]]] = []
+        changed: list[list[list[Any]] | None] = []
+        for index, slices in enumerate(offset.slots):
+            last = self._slots[index] if index < len(self._slots) else ()
+            was = self._entries[index] if index < len(self._entries) else []
+            moved = (
+                list(compress(range(len(slices)), map(is_not, slices, last)))
+                if len(last) == len(slices)
+                else None
+            )
+            if moved is not None and all(
+                slices[i].split.split_id == last[i].split.split_id for i in moved
+            ):
+                now = list(was)
+                for i in moved:
+                    now[i] = self._entry(slices[i], last[i].split, was[i])
+                entries.append(now)
+                changed.append([now[i] for i in moved if now[i] is not was[i]])
+            else:
+                before = {s.split.split_id: (s.split, e) for s, e in zip(last, was, strict=True)}
+                entries.append(
+                    [self._entry(s, *before.get(s.split.split_id, (None, None))) for s in slices]
+                )
+                changed.append(None)
+        self.since = self._entries if self._slots else None
+        self._slots, self._entries, self.changed = offset.slots, entries, changed
+        return {
+            "splitflow": OFFSET_FORMAT,
+            "seq": offset.seq,
+            "codecs": [enum_codec.version, self.source.split_codec.version],
+            "enumerator": enum_codec.encode(offset.enumerator),
+            "slots": entries,
+            "backlog": offset.backlog,
+            "events_through": offset.events_through,
+            "to_readers": {str(r): encode_events(e) for r, e in offset.to_readers.items() if e},
+            **({} if offset.ledger is None else {"ledger": offset.ledger.encode()}),
+            **({"event_times": dict(offset.event_times)} if offset.event_times else {}),
+            **({} if offset.owner is None else {"owner": offset.owner}),
+        }
+
+    def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
+        """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
+        if entry is not None and piece.split is split:
+            if entry[2] == piece.stop and len(entry) == 3 + piece.ends:
+                return entry
+            head = entry[:2]
+        else:
+            head = [piece.split.split_id, self.source.split_codec.encode(piece.split)]
+        return [*head, piece.stop, *([1] if piece.ends else [])]
 
 
 def plan_partitions(

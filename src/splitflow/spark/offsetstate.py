@@ -43,7 +43,7 @@ times the state.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from splitflow.api.split import JsonDict
@@ -98,18 +98,6 @@ def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
     return document
 
 
-def state_of(offset: Mapping[str, Any]) -> JsonDict:
-    """The state of format-1 ``offset``: the parts of it that live in files."""
-    return {
-        "enumerator": offset["enumerator"],
-        "slots": {
-            str(slot_id): {entry[0]: entry for entry in slot}
-            for slot_id, slot in enumerate(offset["slots"])
-        },
-        "event_times": offset.get("event_times", {}),
-    }
-
-
 class OffsetState(SnapshotLog):
     """The ``offsets`` folder of one query; remembers the state it wrote or loaded last.
 
@@ -122,21 +110,39 @@ class OffsetState(SnapshotLog):
         super().__init__(state_dir, "offsets")
         self._ref: StateRef | None = None
         self._state: JsonDict = {}
+        self._slots: object = None  # the slots of the offset whose state _state is
         self._base_bytes = 0  # the size of the snapshot of _ref; 0: write one next
         self._delta_bytes = 0  # the sizes of _ref's deltas, added up
 
-    def compact(self, offset: JsonDict) -> JsonDict:
-        """Format-1 ``offset`` as a format-2 offset, its state written to files first."""
+    def compact(
+        self,
+        offset: JsonDict,
+        changed: Sequence[Sequence[list[Any]] | None] | None = None,
+        since: object = None,
+    ) -> JsonDict:
+        """Format-1 ``offset`` as a format-2 offset, its state written to files first.
+
+        ``changed`` (per slot: the slot's entries that differ from those in the ``slots``
+        of offset ``since``, or None for a slot to compare whole) saves comparing every
+        entry when ``since`` is the offset compacted last (see
+        :class:`~splitflow.spark.offset.OffsetEncoder`).
+        """
         if offset.get("splitflow") != FULL:
             raise ValueError("only a format-1 offset can be compacted")
         seq = int(offset["seq"])
-        state = state_of(offset)
+        hints = changed if since is not None and since is self._slots else None
+        state, slots_change = self._state_after(offset, hints)
         size = sum(len(slot) for slot in state["slots"].values())
         ref = self._ref
         if ref is None or self._base_bytes == 0 or len(ref.deltas) >= COMPACT_EVERY:
             ref = self._snapshot(seq, state, size)
         else:
-            change = difference(self._state, state)
+            change = difference(
+                {k: v for k, v in self._state.items() if k != "slots"},
+                {k: v for k, v in state.items() if k != "slots"},
+            )
+            if slots_change:
+                change.setdefault("sub", {})["slots"] = slots_change
             if change:
                 data = json.dumps(change, separators=(",", ":")).encode()
                 if 2 * (self._delta_bytes + len(data)) > self._base_bytes:
@@ -145,10 +151,48 @@ class OffsetState(SnapshotLog):
                     self._put(seq, "delta", data)
                     self._delta_bytes += len(data)
                     ref = StateRef(ref.base, (*ref.deltas, seq), size)
-        self._ref, self._state = ref, state
+        self._ref, self._state, self._slots = ref, state, offset["slots"]
         kept = {k: v for k, v in offset.items() if k not in ("enumerator", "slots", "event_times")}
         parallelism = len(offset["slots"])
         return {**kept, "splitflow": SMALL, "parallelism": parallelism, "state": ref.encode()}
+
+    def _state_after(
+        self, offset: JsonDict, hints: Sequence[Sequence[list[Any]] | None] | None
+    ) -> tuple[JsonDict, JsonDict]:
+        """The state of ``offset``, and the :func:`difference` of its slots from those of the
+        state before (which it may update in place: it is not needed after)."""
+        before = self._state.get("slots", {})
+        slots: JsonDict = {}
+        added: JsonDict = {}
+        nested: JsonDict = {}
+        for index, entries in enumerate(offset["slots"]):
+            key = str(index)
+            old = before.get(key)
+            hint = hints[index] if hints is not None and index < len(hints) else None
+            if old is not None and hint is not None:
+                slot = old
+                if hint:
+                    update = {entry[0]: entry for entry in hint}
+                    slot.update(update)
+                    nested[key] = {"set": update}
+            else:
+                slot = {entry[0]: entry for entry in entries}
+                if old is None:
+                    added[key] = slot
+                elif inner := difference(old, slot):
+                    nested[key] = inner
+            slots[key] = slot
+        dropped = [key for key in before if key not in slots]
+        state = {
+            "enumerator": offset["enumerator"],
+            "slots": slots,
+            "event_times": offset.get("event_times", {}),
+        }
+        return state, {
+            **({"set": added} if added else {}),
+            **({"drop": dropped} if dropped else {}),
+            **({"sub": nested} if nested else {}),
+        }
 
     def _snapshot(self, seq: int, state: JsonDict, size: int) -> StateRef:
         data = json.dumps(state, separators=(",", ":")).encode()
@@ -175,7 +219,7 @@ class OffsetState(SnapshotLog):
                 "query, or altered",
                 path=self.root,
             )
-        self._ref, self._state, self._base_bytes = ref, state, 0
+        self._ref, self._state, self._base_bytes, self._slots = ref, state, 0, None
         kept = {k: v for k, v in offset.items() if k not in ("state", "parallelism")}
         return {
             **kept,

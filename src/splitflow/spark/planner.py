@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,7 +61,7 @@ from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerStore
 from splitflow.spark.limits import BacklogAware, MinRecords, ReadLimit, reads_under
-from splitflow.spark.offset import BatchOffset, Slice, SplitCache
+from splitflow.spark.offset import BatchOffset, OffsetEncoder, Slice
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
@@ -119,7 +120,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._fix_target = False  # AvailableNow: fix the target at the next planning call
         self._latest_extents: dict[str, SplitExtent] | None = None  # of the last latestOffset
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
-        self._encoded: SplitCache = {}  # splits of the last offset, encoded
+        self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
+        self._unread: dict[str, Slice[SplitT]] = {}  # the last offset's empty slices, reused
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -257,7 +259,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if self._fix_target:
                 self._fix_target_now()
             # in full: Spark asks for it again to replay batch 0, and keeps it nowhere
-            self._initial = self._snapshot(0, {}).encode(self.source, self._encoded)
+            self._initial = self._snapshot(0, {}).encode(self.source, self._encoder)
         return dict(self._initial)
 
     def prepare_available_now(self) -> None:
@@ -288,16 +290,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         if self._fix_target:
             self._fix_target_now()
         extents = self._extents()
-        if self._finish_ended_splits(extents):  # the enumerator may have assigned others
+        backlogs, ended = self._backlogs(extents)
+        if self._finish(ended):  # the enumerator may have assigned others
             extents = self._extents()
+            backlogs, _ = self._backlogs(extents)
         self._latest_extents = extents
         self._track_backlog(extents)
-        backlogs = {
-            sid: max(0, self._cap(sid, extents[sid]) - split.position)
-            for slot in self._slots.values()
-            for sid, split in slot.items()
-            if sid in extents
-        }
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
@@ -330,8 +328,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         seq = (self._last.seq if self._last else 0) + 1
         offset = self._snapshot(seq, reads, self._ends(reads, extents))
         self._last_batch_at = self._clock()
-        encoded = offset.encode(self.source, self._encoded)
-        return encoded if self._offsets is None else self._offsets.compact(encoded)
+        encoded = offset.encode(self.source, self._encoder)
+        if self._offsets is None:
+            return encoded
+        return self._offsets.compact(encoded, self._encoder.changed, self._encoder.since)
 
     def planned(self, end: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
         """``end`` decoded; without decoding when it is the offset this planner planned last.
@@ -520,37 +520,43 @@ class Planner(Generic[SplitT, EnumStateT]):
             return {}
         return dict(self._settle(self.coordinator.latest_positions(held)))
 
-    def _finish_ended_splits(self, extents: Mapping[str, SplitExtent]) -> bool:
-        """Splits at their final position without a batch reading to it (an empty file, a
+    def _backlogs(
+        self, extents: Mapping[str, SplitExtent]
+    ) -> tuple[dict[str, int], dict[int, list[str]]]:
+        """What each split may read next (only splits with records to read), and each slot's
+        splits at their final position without a batch reading to it (an empty file, a
         split whose end became known after its last read, a restore from an offset that did
-        not finish it) are finished now; whether there were any."""
-        return self._finish(
-            {
-                slot_id: [
-                    sid
-                    for sid, split in slot.items()
-                    if sid in extents
-                    and extents[sid].final
-                    and split.position >= extents[sid].latest
-                ]
-                for slot_id, slot in self._slots.items()
-            }
-        )
+        not finish it), which are to be finished now. One pass over the held splits."""
+        backlogs: dict[str, int] = {}
+        ended: dict[int, list[str]] = {}
+        uncapped = self._target is None
+        for slot_id, slot in self._slots.items():
+            for sid, split in slot.items():
+                extent = extents.get(sid)
+                if extent is None:
+                    continue
+                stop = extent.latest if uncapped else self._cap(sid, extent)
+                if stop > split.position:
+                    backlogs[sid] = stop - split.position
+                elif extent.final and split.position >= extent.latest:
+                    ended.setdefault(slot_id, []).append(sid)
+        return backlogs, ended
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
     ) -> dict[int, list[str]]:
         """Each slot's splits that the batch reading ``reads`` reads to their final position."""
-        return {
-            slot_id: [
-                sid
-                for sid, split in slot.items()
-                if reads.get(sid, 0) > 0
-                and extents[sid].final
-                and split.position + reads[sid] >= extents[sid].latest
-            ]
-            for slot_id, slot in self._slots.items()
-        }
+        ends: dict[int, list[str]] = {}
+        for slot_id, slot in self._slots.items():
+            for sid in sorted(slot.keys() & reads.keys()):
+                extent = extents[sid]
+                if (
+                    reads[sid] > 0
+                    and extent.final
+                    and slot[sid].position + reads[sid] >= extent.latest
+                ):
+                    ends.setdefault(slot_id, []).append(sid)
+        return ends
 
     def _finish(self, ended: Mapping[int, Sequence[str]]) -> bool:
         """Take the splits ``ended`` names out of their slots and tell the enumerator they
@@ -656,14 +662,21 @@ class Planner(Generic[SplitT, EnumStateT]):
                     len(ids),
                 )
         slots: list[tuple[Slice[SplitT], ...]] = []
+        unread, self._unread = self._unread, {}
         for slot_id in range(self.parallelism):
             slices = []
             slot = self._sorted_slot(slot_id)
             for sid, split in slot.items():
                 read = reads.get(sid, 0)
-                slices.append(Slice(split, split.position + read))
                 if read:  # an unread split stays the same object (no dataclasses.replace)
+                    slices.append(Slice(split, split.position + read))
                     slot[sid] = with_position(split, split.position + read)
+                    continue
+                piece = unread.get(sid)
+                if piece is None or piece.split is not split:
+                    piece = Slice(split, split.position)
+                self._unread[sid] = piece
+                slices.append(piece)
             if slot_id in ending:
                 slices.extend(
                     Slice(split, split.position + reads[sid], ends=True)
@@ -682,9 +695,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot_id, queued in self._to_readers.items():
             to_readers.setdefault(slot_id, []).extend(queued)
         self._to_readers = {}
-        held = {s.split.split_id for slices in slots for s in slices}
-        for sid in [sid for sid in self._event_times if sid not in held]:
-            del self._event_times[sid]  # finished or removed
+        if self._event_times:
+            held = {s.split.split_id for slices in slots for s in slices}
+            for sid in [sid for sid in self._event_times if sid not in held]:
+                del self._event_times[sid]  # finished or removed
         self._last = BatchOffset(
             seq,
             enumerator,
@@ -713,20 +727,44 @@ class Planner(Generic[SplitT, EnumStateT]):
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        lags: list[tuple[int, str, int]] = []  # (lag, split id, slot): a row is made for few
+        wanted = self.progress_splits
+        top: list[tuple[int, int, str, int]] = []  # min-heap of (lag, -order, split id, slot)
+        floor = 0  # the least lag in a full heap: a split must lag more to be listed
         slots = []
+        order = 0
         for slot_id in sorted(self._slots):
             slot_lag = 0
             for sid, split in self._sorted_slot(slot_id).items():
                 extent = extents.get(sid)
-                lag = 0 if extent is None else max(0, extent.exists_to - split.position)
-                slot_lag += lag
-                lags.append((lag, sid, slot_id))
+                lag = 0 if extent is None else extent.exists_to - split.position
+                if lag > 0:
+                    slot_lag += lag
+                    if lag > floor:  # ties go to the split met first
+                        row = (lag, -order, sid, slot_id)
+                        if len(top) < wanted:
+                            heapq.heappush(top, row)
+                        else:
+                            heapq.heapreplace(top, row)
+                        if len(top) == wanted:
+                            floor = top[0][0]
+                order += 1
             slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
-        if len(lags) > self.progress_splits:
-            lags = heapq.nlargest(self.progress_splits, lags, key=lambda r: r[0])
+        listed = [(sid, slot_id) for _, _, sid, slot_id in sorted(top, reverse=True)]
+        if len(listed) < self.progress_splits:  # then splits that do not lag, in order
+            named = {sid for sid, _ in listed}
+            listed.extend(
+                itertools.islice(
+                    (
+                        (sid, slot_id)
+                        for slot_id in sorted(self._slots)
+                        for sid in self._slots[slot_id]
+                        if sid not in named
+                    ),
+                    self.progress_splits - len(listed),
+                )
+            )
         rows = {}
-        for _, sid, slot_id in lags:
+        for sid, slot_id in listed:
             split = self._slots[slot_id][sid]
             extent = extents.get(sid)
             row = {

@@ -128,6 +128,12 @@ class SequenceCatalog:
             self._load()
             return dict(self._lengths)
 
+    def extents(self) -> tuple[dict[str, int], frozenset[str]]:
+        """Every split's length, and the sealed ones, read atomically in one look-up."""
+        with self._lock:
+            self._load()
+            return dict(self._lengths), frozenset(self._sealed)
+
     def records(self) -> list[SequenceRecord]:
         """Every record that exists now, in a canonical order."""
         return [(name, i) for name, n in sorted(self.lengths().items()) for i in range(n)]
@@ -147,26 +153,40 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
             state=state,
         )
         self._source = source
+        # The answers last given, reused while nothing changed: the runtime asks every batch.
+        self._found: dict[str, SequenceSplit] = {}
+        self._extents: dict[tuple[int, bool], SplitExtent] = {}
 
     def discover_splits(self) -> Sequence[SequenceSplit]:
         bounded = self._source.boundedness is Boundedness.BOUNDED
-        return [
-            SequenceSplit(name, end=n if bounded else None)
-            for name, n in self._source.catalog.lengths().items()
-        ]
+        found = self._found
+        splits = []
+        for name, n in self._source.catalog.lengths().items():
+            split = found.get(name)
+            if split is None or (bounded and split.end != n):
+                split = found[name] = SequenceSplit(name, end=n if bounded else None)
+            splits.append(split)
+        if len(found) > len(splits):  # some vanished
+            self._found = {s.name: s for s in splits}
+        return splits
 
     def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
+        lengths, sealed = self._source.catalog.extents()
+        if len(self._extents) > 100_000:
+            self._extents = {}
+        shared = self._extents  # one object per distinct extent
         result = {}
         for split in splits:
-            extent = self._source.catalog.extent(split.name)
-            if extent is None:
-                continue  # vanished: nothing can be planned for it
-            length, sealed = extent
-            size = self._source.record_bytes
             if split.end is not None:
-                result[split.split_id] = SplitExtent(split.end, True, size)
+                key = (split.end, True)
+            elif split.name in lengths:
+                key = (lengths[split.name], split.name in sealed)
             else:
-                result[split.split_id] = SplitExtent(length, sealed, size)
+                continue  # vanished: nothing can be planned for it
+            extent = shared.get(key)
+            if extent is None:
+                extent = shared[key] = SplitExtent(*key, self._source.record_bytes)
+            result[split.split_id] = extent
         return result
 
 
