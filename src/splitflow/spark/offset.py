@@ -56,9 +56,22 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     owner: str | None = None
     """The token of the query's state directory (:class:`~splitflow.spark.statedir.Owner`),
     with ``stateDir``."""
+    read_slices: tuple[tuple[Slice[SplitT], ...], ...] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Each slot's slices that read records, in the slot's order, when the planner that
+    made the offset knows them (None: found from ``slots``; see :meth:`reading`)."""
+
+    def reading(self, slot: int) -> tuple[Slice[SplitT], ...]:
+        """Slot ``slot``'s slices that read records, in order."""
+        found = self.read_slices
+        if found is None:
+            found = tuple(tuple(s for s in slices if s.records > 0) for slices in self.slots)
+            object.__setattr__(self, "read_slices", found)  # derived, kept once found
+        return found[slot]
 
     def has_tasks(self, slot: int) -> bool:
-        return any(s.records > 0 for s in self.slots[slot])
+        return bool(self.reading(slot))
 
     @property
     def parallelism(self) -> int:
@@ -134,6 +147,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
 
     def __init__(self, source: Source[Any, SplitT, EnumStateT]) -> None:
         self.source = source
+        self._codec = source.split_codec
         self._slots: Sequence[Sequence[Slice[SplitT]]] = ()
         self._entries: list[list[list[Any]]] = []
         self.changed: list[list[list[Any]] | None] = []
@@ -146,6 +160,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
 
     def encode(self, offset: BatchOffset[SplitT, EnumStateT]) -> JsonDict:
         enum_codec = self.source.enumerator_state_codec
+        self._codec = self.source.split_codec  # a source may make it anew on each access
         entries: list[list[list[Any]]] = []
         changed: list[list[list[Any]] | None] = []
         for index, slices in enumerate(offset.slots):
@@ -175,7 +190,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         return {
             "splitflow": OFFSET_FORMAT,
             "seq": offset.seq,
-            "codecs": [enum_codec.version, self.source.split_codec.version],
+            "codecs": [enum_codec.version, self._codec.version],
             "enumerator": enum_codec.encode(offset.enumerator),
             "slots": entries,
             "backlog": offset.backlog,
@@ -193,7 +208,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 return entry
             head = entry[:2]
         else:
-            head = [piece.split.split_id, self.source.split_codec.encode(piece.split)]
+            head = [piece.split.split_id, self._codec.encode(piece.split)]
         return [*head, piece.stop, *([1] if piece.ends else [])]
 
 
@@ -206,10 +221,10 @@ def plan_partitions(
     """
     cap = max_records_per_task
     tasks: list[tuple[int, list[Slice[SplitT]]]] = []
-    for slot_id, slices in enumerate(end.slots):
+    for slot_id in range(end.parallelism):
         current: list[Slice[SplitT]] = []
         size = 0
-        for piece in slices:
+        for piece in end.reading(slot_id):
             start = piece.split.position
             while start < piece.stop:
                 take = piece.stop - start if cap is None else min(piece.stop - start, cap - size)

@@ -121,7 +121,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._latest_extents: dict[str, SplitExtent] | None = None  # of the last latestOffset
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
-        self._unread: dict[str, Slice[SplitT]] = {}  # the last offset's empty slices, reused
+        # Each slot's slices in the last offset and their index by split id, reused by the
+        # next while the slot holds the same splits (not _reshaped); _moved: split ids whose
+        # split object changed since (read, or rewound).
+        self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
+        self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
+        self._reshaped: set[int] = set()
+        self._moved: dict[int, set[str]] = {}
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -141,6 +147,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
+        self._slot_of, self._built, self._reshaped, self._moved = {}, {}, set(), {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -208,10 +215,14 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(message, AddSplits):
             for split in message.splits:
                 slot[split.split_id] = split
+                self._slot_of[split.split_id] = reader_id
             self._unsorted.add(reader_id)
+            self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
-                slot.pop(split_id, None)
+                if slot.pop(split_id, None) is not None:
+                    self._slot_of.pop(split_id, None)
+            self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent):
             self._to_readers.setdefault(reader_id, []).append(message.event)
         elif isinstance(message, NoMoreSplits):
@@ -322,8 +333,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             enough = sum(backlogs.values()) >= limit.records
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
-        reads = reads_under(sized, backlogs, extents)
-        if sum(reads.values()) == 0:
+        reads = {sid: n for sid, n in reads_under(sized, backlogs, extents).items() if n > 0}
+        if not reads:
             return dict(start)  # nothing to read: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
         offset = self._snapshot(seq, reads, self._ends(reads, extents))
@@ -368,7 +379,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         reads what the first evaluation read."""
         if not isinstance(self.source, SupportsPinnedReads):
             return None
-        reads = [s.split for slot in offset.slots for s in slot if s.records > 0]
+        reads = [s.split for slot in range(offset.parallelism) for s in offset.reading(slot)]
         if not reads:
             return None
         if self._pinner is None:
@@ -453,10 +464,11 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _rewind(self, event: SliceEndedEvent) -> None:
         """A reader ended a slice early: the split's next slice starts where it ended."""
-        for slot in self._slots.values():
+        for slot_id, slot in self._slots.items():
             split = slot.get(event.split_id)
             if split is not None and event.position < split.position:
                 slot[event.split_id] = with_position(split, event.position)
+                self._moved.setdefault(slot_id, set()).add(event.split_id)
 
     def _check_events_written(
         self, batch: BatchOffset[SplitT, EnumStateT], slots: set[int]
@@ -545,17 +557,17 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
     ) -> dict[int, list[str]]:
-        """Each slot's splits that the batch reading ``reads`` reads to their final position."""
+        """Each slot's splits that the batch reading ``reads`` (split id -> records, none 0)
+        reads to their final position."""
         ends: dict[int, list[str]] = {}
         for slot_id, slot in self._slots.items():
-            for sid in sorted(slot.keys() & reads.keys()):
-                extent = extents[sid]
-                if (
-                    reads[sid] > 0
-                    and extent.final
-                    and slot[sid].position + reads[sid] >= extent.latest
-                ):
-                    ends.setdefault(slot_id, []).append(sid)
+            ended = [
+                sid
+                for sid in slot.keys() & reads.keys()
+                if extents[sid].final and slot[sid].position + reads[sid] >= extents[sid].latest
+            ]
+            if ended:
+                ends[slot_id] = sorted(ended)
         return ends
 
     def _finish(self, ended: Mapping[int, Sequence[str]]) -> bool:
@@ -565,7 +577,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         for slot_id, sids in ended.items():
             if sids:
                 for sid in sids:
-                    self._slots[slot_id].pop(sid, None)  # an earlier finish may have removed it
+                    if self._slots[slot_id].pop(sid, None) is not None:  # not finished before
+                        self._slot_of.pop(sid, None)
+                self._reshaped.add(slot_id)
                 event = SplitsFinishedEvent(tuple(sids))
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
         return any(ended.values())
@@ -587,15 +601,14 @@ class Planner(Generic[SplitT, EnumStateT]):
         again when the next batch is planned.
         """
         boundaries = self._settle(self.coordinator.backlog_boundaries())
-        for slot_id, slot in self._slots.items():
-            reached = tuple(
-                sid
-                for sid, s in slot.items()
-                if sid in boundaries and s.position >= boundaries[sid]
-            )
-            if reached:
-                event: SourceEvent = BacklogFinishedEvent(reached)
-                self._settle(self.coordinator.handle_source_event(slot_id, event))
+        reached: dict[int, list[str]] = {}
+        for sid, boundary in boundaries.items():
+            slot_id = self._slot_of.get(sid)
+            if slot_id is not None and self._slots[slot_id][sid].position >= boundary:
+                reached.setdefault(slot_id, []).append(sid)
+        for slot_id, sids in sorted(reached.items()):
+            event: SourceEvent = BacklogFinishedEvent(tuple(sorted(sids)))
+            self._settle(self.coordinator.handle_source_event(slot_id, event))
         threshold = self.backlog_lag_threshold
         if threshold is None or self.in_backlog:
             return
@@ -626,6 +639,48 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._slots[slot_id] = dict(sorted(self._slots[slot_id].items()))
             self._unsorted.discard(slot_id)
         return self._slots[slot_id]
+
+    def _slices(
+        self, slot_id: int, reads: Mapping[str, int]
+    ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
+        """Slot ``slot_id``'s slices (in split id order) in a batch that reads ``reads``
+        records (split id -> records, none 0), and those of them that read; its read
+        splits are moved on to where the batch stops.
+
+        Those of the last offset are reused: while the slot holds the same splits, as a copy
+        with the slices of the splits read or moved since replaced (O(what changed) but
+        for a C-level copy); else slice by slice, each split unchanged since keeping its
+        slice object (which saves the encoder work: :class:`OffsetEncoder`).
+        """
+        slot = self._sorted_slot(slot_id)
+        built = self._built.get(slot_id)
+        moved = self._moved.pop(slot_id, set())
+        if built is None or slot_id in self._reshaped:
+            last = {} if built is None else {piece.split.split_id: piece for piece in built[0]}
+            slices = []
+            for sid, split in slot.items():
+                piece = last.get(sid)
+                if piece is None or piece.split is not split or piece.stop != split.position:
+                    piece = Slice(split, split.position)
+                slices.append(piece)
+            index = {sid: i for i, sid in enumerate(slot)}
+            self._reshaped.discard(slot_id)
+        else:
+            slices, index = list(built[0]), built[1]
+            for sid in moved:
+                split = slot[sid]
+                slices[index[sid]] = Slice(split, split.position)
+        read = slot.keys() & reads.keys()
+        for sid in read:  # each read split becomes a new object (no dataclasses.replace else)
+            split = slot[sid]
+            stop = split.position + reads[sid]
+            slices[index[sid]] = Slice(split, stop)
+            slot[sid] = with_position(split, stop)
+        if read:
+            self._moved[slot_id] = read
+        built_now = tuple(slices)
+        self._built[slot_id] = (built_now, index)
+        return built_now, tuple(slices[index[sid]] for sid in sorted(read))
 
     def _snapshot(
         self,
@@ -662,28 +717,25 @@ class Planner(Generic[SplitT, EnumStateT]):
                     len(ids),
                 )
         slots: list[tuple[Slice[SplitT], ...]] = []
-        unread, self._unread = self._unread, {}
+        reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
-            slices = []
-            slot = self._sorted_slot(slot_id)
-            for sid, split in slot.items():
-                read = reads.get(sid, 0)
-                if read:  # an unread split stays the same object (no dataclasses.replace)
-                    slices.append(Slice(split, split.position + read))
-                    slot[sid] = with_position(split, split.position + read)
-                    continue
-                piece = unread.get(sid)
-                if piece is None or piece.split is not split:
-                    piece = Slice(split, split.position)
-                self._unread[sid] = piece
-                slices.append(piece)
+            slices, read = self._slices(slot_id, reads)
             if slot_id in ending:
-                slices.extend(
-                    Slice(split, split.position + reads[sid], ends=True)
-                    for sid, split in ending[slot_id].items()
+                slices = tuple(
+                    sorted(
+                        (
+                            *slices,
+                            *(
+                                Slice(split, split.position + reads[sid], ends=True)
+                                for sid, split in ending[slot_id].items()
+                            ),
+                        ),
+                        key=lambda piece: piece.split.split_id,
+                    )
                 )
-                slices.sort(key=lambda piece: piece.split.split_id)
-            slots.append(tuple(slices))
+                read = tuple(piece for piece in slices if piece.records > 0)
+            slots.append(slices)
+            reading.append(read)
         self._settle(self.coordinator.release_held_messages())
         to_readers: dict[int, list[SourceEvent]] = {}
         if self._last is not None:  # events whose slot had no task in the last batch wait on
@@ -709,6 +761,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             ledger,
             dict(self._event_times),
             self._owner.token if self._owner else None,
+            tuple(reading),
         )
         return self._last
 
