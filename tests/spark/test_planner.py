@@ -29,6 +29,7 @@ from splitflow.spark.limits import (
     MinRecords,
     ReadAll,
     ReadLimit,
+    largest,
     share_bytes,
     share_records,
 )
@@ -262,6 +263,17 @@ def test_share_records_invariants_hold_for_any_backlogs_and_budget(
             ideal = 1 + left * (backlogs[split] - 1) / rest
             assert abs(shares[split] - ideal) < 1, (split, shares[split], ideal)
     assert share_records(dict(reversed(list(backlogs.items()))), budget) == shares
+
+
+@PROPERTY
+@given(
+    st.dictionaries(st.text("abc", max_size=3), st.integers(0, 4), max_size=12), st.integers(-1, 14)
+)
+def test_the_largest_backlogs_are_chosen_by_value_then_by_split_id(
+    values: dict[str, int], count: int
+) -> None:
+    expected = sorted(values, key=lambda key: (-values[key], key))[: max(count, 0)]
+    assert sorted(largest(count, values)) == sorted(expected)
 
 
 def test_share_records_stays_exact_for_budgets_beyond_float_precision() -> None:

@@ -3,7 +3,6 @@ records or bytes is shared over splits by their backlog."""
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,7 +72,7 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     if total <= budget:
         return {s: max(0, b) for s, b in backlogs.items()}
     if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
-        for split in heapq.nsmallest(budget, waiting, key=lambda s: (-backlogs[s], s)):
+        for split in largest(budget, {s: backlogs[s] for s in waiting}):
             shares[split] = 1
         return shares
     for split in waiting:
@@ -86,9 +85,26 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     for split, (whole, _) in quota.items():
         shares[split] += whole
     remainder = budget - sum(shares.values())
-    for split in heapq.nsmallest(remainder, quota, key=lambda s: (-quota[s][1], s)):
+    for split in largest(remainder, {s: part for s, (_, part) in quota.items()}):
         shares[split] += 1
     return shares
+
+
+def largest(count: int, values: Mapping[str, int]) -> list[str]:
+    """The ``count`` keys of ``values`` with the largest values, a tie going to the smaller
+    key (in no particular order). Sorts values and tied keys only: C speed at 100k splits.
+
+    >>> sorted(largest(2, {"a": 1, "b": 5, "c": 5, "d": 5}))
+    ['b', 'c']
+    """
+    if count <= 0:
+        return []
+    if count >= len(values):
+        return list(values)
+    threshold = sorted(values.values(), reverse=True)[count - 1]
+    above = [key for key, value in values.items() if value > threshold]
+    tied = sorted(key for key, value in values.items() if value == threshold)
+    return above + tied[: count - len(above)]
 
 
 def share_bytes(

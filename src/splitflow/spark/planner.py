@@ -27,7 +27,8 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import is_not, ne
 from typing import Any, Generic
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
@@ -125,6 +126,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         # next while the slot holds the same splits (not _reshaped); _moved: split ids whose
         # split object changed since (read, or rewound).
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
+        # The extents and backlog boundaries seen at the last planning, and the backlogs
+        # then: a planning recomputes only the splits whose extent, boundary or position
+        # changed since (found by identity at C speed while the splits are the same).
+        self._extents_seen: dict[str, SplitExtent] = {}
+        self._boundaries_seen: dict[str, int] = {}
+        self._backlog_of: dict[str, int] = {}
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
         self._reshaped: set[int] = set()
         self._moved: dict[int, set[str]] = {}
@@ -148,6 +155,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of, self._built, self._reshaped, self._moved = {}, {}, set(), {}
+        self._extents_seen, self._boundaries_seen, self._backlog_of = {}, {}, {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -216,6 +224,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             for split in message.splits:
                 slot[split.split_id] = split
                 self._slot_of[split.split_id] = reader_id
+            self._moved.setdefault(reader_id, set()).update(s.split_id for s in message.splits)
             self._unsorted.add(reader_id)
             self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
@@ -288,6 +297,7 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _fix_target_now(self) -> None:
         self._target = {sid: extent.exists_to for sid, extent in self._extents().items()}
         self._fix_target = False
+        self._extents_seen = {}  # every backlog is capped anew
 
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
@@ -533,26 +543,43 @@ class Planner(Generic[SplitT, EnumStateT]):
         return dict(self._settle(self.coordinator.latest_positions(held)))
 
     def _backlogs(
-        self, extents: Mapping[str, SplitExtent]
+        self, extents: dict[str, SplitExtent]
     ) -> tuple[dict[str, int], dict[int, list[str]]]:
         """What each split may read next (only splits with records to read), and each slot's
         splits at their final position without a batch reading to it (an empty file, a
         split whose end became known after its last read, a restore from an offset that did
-        not finish it), which are to be finished now. One pass over the held splits."""
-        backlogs: dict[str, int] = {}
+        not finish it), which are to be finished now.
+
+        Only the splits whose extent or position changed since the last call are looked at
+        (every split after the splits held changed), with the backlogs kept from then.
+        """
+        seen, self._extents_seen = self._extents_seen, extents
+        backlogs = self._backlog_of
+        check: Iterable[str]
+        if _same_keys(seen, extents):
+            check = set(
+                itertools.compress(extents, map(is_not, extents.values(), seen.values()))
+            ).union(*self._moved.values())
+        else:
+            check = extents
+            backlogs.clear()
         ended: dict[int, list[str]] = {}
         uncapped = self._target is None
-        for slot_id, slot in self._slots.items():
-            for sid, split in slot.items():
-                extent = extents.get(sid)
-                if extent is None:
-                    continue
-                stop = extent.latest if uncapped else self._cap(sid, extent)
-                if stop > split.position:
-                    backlogs[sid] = stop - split.position
-                elif extent.final and split.position >= extent.latest:
+        for sid in check:
+            slot_id = self._slot_of.get(sid)
+            extent = extents.get(sid)
+            if slot_id is None or extent is None:
+                backlogs.pop(sid, None)
+                continue
+            position = self._slots[slot_id][sid].position
+            stop = extent.latest if uncapped else self._cap(sid, extent)
+            if stop > position:
+                backlogs[sid] = stop - position
+            else:
+                backlogs.pop(sid, None)
+                if extent.final and position >= extent.latest:
                     ended.setdefault(slot_id, []).append(sid)
-        return backlogs, ended
+        return dict(backlogs), {slot_id: sorted(sids) for slot_id, sids in ended.items()}
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
@@ -601,10 +628,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         again when the next batch is planned.
         """
         boundaries = self._settle(self.coordinator.backlog_boundaries())
+        seen, self._boundaries_seen = self._boundaries_seen, boundaries
+        check: Iterable[str] = boundaries
+        if _same_keys(seen, boundaries):  # a split reaches its boundary as it moves, or anew
+            check = set(itertools.compress(boundaries, map(ne, boundaries.values(), seen.values())))
+            check = check.union(*(moved & boundaries.keys() for moved in self._moved.values()))
         reached: dict[int, list[str]] = {}
-        for sid, boundary in boundaries.items():
+        for sid in check:
             slot_id = self._slot_of.get(sid)
-            if slot_id is not None and self._slots[slot_id][sid].position >= boundary:
+            if slot_id is not None and self._slots[slot_id][sid].position >= boundaries[sid]:
                 reached.setdefault(slot_id, []).append(sid)
         for slot_id, sids in sorted(reached.items()):
             event: SourceEvent = BacklogFinishedEvent(tuple(sorted(sids)))
@@ -793,11 +825,11 @@ class Planner(Generic[SplitT, EnumStateT]):
                 if lag > 0:
                     slot_lag += lag
                     if lag > floor:  # ties go to the split met first
-                        row = (lag, -order, sid, slot_id)
+                        ranked = (lag, -order, sid, slot_id)
                         if len(top) < wanted:
-                            heapq.heappush(top, row)
+                            heapq.heappush(top, ranked)
                         else:
-                            heapq.heapreplace(top, row)
+                            heapq.heapreplace(top, ranked)
                         if len(top) == wanted:
                             floor = top[0][0]
                 order += 1
@@ -870,6 +902,12 @@ class Planner(Generic[SplitT, EnumStateT]):
             report["idleSplits"] = len(aligned.idle) if aligned else 0
             report["pausedSplits"] = len(aligned.paused) if aligned else 0
         return report
+
+
+def _same_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` and ``b`` have the same keys in the same order (then their values
+    pair up in order), at C speed."""
+    return len(a) == len(b) and list(a) == list(b)
 
 
 def collect_garbage_less_often() -> None:
