@@ -67,12 +67,12 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     {'big': 89, 'small': 2, 'none': 0}
     """
     shares = dict.fromkeys(backlogs, 0)
-    waiting = [s for s, b in backlogs.items() if b > 0]
-    total = sum(backlogs[s] for s in waiting)
+    waiting = {s: b for s, b in backlogs.items() if b > 0}
+    total = sum(waiting.values())
     if total <= budget:
         return {s: max(0, b) for s, b in backlogs.items()}
     if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
-        for split in largest(budget, {s: backlogs[s] for s in waiting}):
+        for split in largest(budget, waiting):
             shares[split] = 1
         return shares
     for split in waiting:
