@@ -284,7 +284,33 @@ def test_offsets_built_from_the_last_ones_equal_offsets_built_whole(
         assert as_spark_stores_it(again.encode(query.source)) == as_spark_stores_it(whole)
         for slot in range(offset.parallelism):
             assert offset.reading(slot) == tuple(s for s in offset.slots[slot] if s.records > 0)
+        assert_progress_is_as_computed_whole(query.planner)
     query.drain()
     removed = {name for name, _ in query.read} - set(catalog.lengths())
     expected = catalog.records() + [r for r in query.read if r[0] in removed]
     assert_exactly_once(query.read, expected)
+
+
+def assert_progress_is_as_computed_whole(planner: Planner[Any, Any]) -> None:
+    """The progress report (kept up to date batch by batch) against one computed from every
+    held split's position and extent now."""
+    planner.progress_splits = 3
+    report = planner.lag()
+    slots = planner._slots
+    held = [split for slot in slots.values() for split in slot.values()]
+    extents = planner._settle(planner.coordinator.latest_positions(held))
+    lags = {
+        sid: max(0, extents[sid].exists_to - split.position)
+        for slot in slots.values()
+        for sid, split in slot.items()
+        if sid in extents
+    }
+    per_slot = [sum(lags.get(sid, 0) for sid in slots[i]) for i in range(len(slots))]
+    assert [s["lag"] for s in report["slots"]] == per_slot
+    assert [s["splits"] for s in report["slots"]] == [len(slots[i]) for i in range(len(slots))]
+    assert report["totalLag"] == sum(per_slot)
+    listed = report["splits"]
+    assert len(listed) == min(3, len(lags))
+    assert all(row["lag"] == lags[sid] for sid, row in listed.items())
+    unlisted = [lag for sid, lag in lags.items() if sid not in listed]
+    assert all(row["lag"] >= max(unlisted, default=0) for row in listed.values())

@@ -27,6 +27,7 @@ import heapq
 import itertools
 import json
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import is_not, ne
@@ -133,6 +134,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._extents_seen: dict[str, SplitExtent] = {}
         self._boundaries_seen: dict[str, int] = {}
         self._backlog_of: dict[str, int] = {}
+        self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
         self._reshaped: set[int] = set()
         self._moved: dict[int, set[str]] = {}
@@ -157,6 +159,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted = set()
         self._slot_of, self._built, self._reshaped, self._moved = {}, {}, set(), {}
         self._extents_seen, self._boundaries_seen, self._backlog_of = {}, {}, {}
+        self._lag_of = {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -232,6 +235,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             for split_id in message.event.split_ids:
                 if slot.pop(split_id, None) is not None:
                     self._slot_of.pop(split_id, None)
+                    self._lag_of.pop(split_id, None)
             self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent):
             self._to_readers.setdefault(reader_id, []).append(message.event)
@@ -568,6 +572,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         else:
             check = extents
             backlogs.clear()
+            self._lag_of.clear()
         ended: dict[int, list[str]] = {}
         uncapped = self._target is None
         for sid in check:
@@ -575,8 +580,10 @@ class Planner(Generic[SplitT, EnumStateT]):
             extent = extents.get(sid)
             if slot_id is None or extent is None:
                 backlogs.pop(sid, None)
+                self._lag_of.pop(sid, None)
                 continue
             position = self._slots[slot_id][sid].position
+            self._note_lag(sid, extent, position)
             stop = extent.latest if uncapped else self._cap(sid, extent)
             if stop > position:
                 backlogs[sid] = stop - position
@@ -585,6 +592,14 @@ class Planner(Generic[SplitT, EnumStateT]):
                 if extent.final and position >= extent.latest:
                     ended.setdefault(slot_id, []).append(sid)
         return dict(backlogs), {slot_id: sorted(sids) for slot_id, sids in ended.items()}
+
+    def _note_lag(self, split_id: str, extent: SplitExtent | None, position: int) -> None:
+        """Keep what exists of split ``split_id`` past ``position`` (for :meth:`lag`)."""
+        lag = 0 if extent is None else extent.exists_to - position
+        if lag > 0:
+            self._lag_of[split_id] = lag
+        else:
+            self._lag_of.pop(split_id, None)
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
@@ -611,6 +626,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 for sid in sids:
                     if self._slots[slot_id].pop(sid, None) is not None:  # not finished before
                         self._slot_of.pop(sid, None)
+                        self._lag_of.pop(sid, None)
                 self._reshaped.add(slot_id)
                 event = SplitsFinishedEvent(tuple(sids))
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
@@ -713,6 +729,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             stop = split.position + reads[sid]
             slices[index[sid]] = Slice(split, stop)
             slot[sid] = with_position(split, stop)
+            self._note_lag(sid, self._extents_seen.get(sid), stop)
         if read:
             self._moved[slot_id] = read
         built_now = tuple(slices)
@@ -811,35 +828,27 @@ class Planner(Generic[SplitT, EnumStateT]):
         every trigger and kept in every progress event, so it must not grow with the source).
         """
         if self._latest_extents is not None:  # Spark asks right after latestOffset
-            extents = self._latest_extents
-        else:
+            extents, lags = self._latest_extents, self._lag_of
+        else:  # before this run planned: from the extents now
             extents = self._extents() if self._coordinator is not None else {}
+            lags = {
+                sid: lag
+                for slot in self._slots.values()
+                for sid, split in slot.items()
+                if sid in extents and (lag := extents[sid].exists_to - split.position) > 0
+            }
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        wanted = self.progress_splits
-        top: list[tuple[int, int, str, int]] = []  # min-heap of (lag, -order, split id, slot)
-        floor = 0  # the least lag in a full heap: a split must lag more to be listed
-        slots = []
-        order = 0
-        for slot_id in sorted(self._slots):
-            slot_lag = 0
-            for sid, split in self._sorted_slot(slot_id).items():
-                extent = extents.get(sid)
-                lag = 0 if extent is None else extent.exists_to - split.position
-                if lag > 0:
-                    slot_lag += lag
-                    if lag > floor:  # ties go to the split met first
-                        ranked = (lag, -order, sid, slot_id)
-                        if len(top) < wanted:
-                            heapq.heappush(top, ranked)
-                        else:
-                            heapq.heapreplace(top, ranked)
-                        if len(top) == wanted:
-                            floor = top[0][0]
-                order += 1
-            slots.append({"splits": len(self._slots[slot_id]), "lag": slot_lag})
-        listed = [(sid, slot_id) for _, _, sid, slot_id in sorted(top, reverse=True)]
+        slot_lag = dict.fromkeys(range(self.parallelism), 0)
+        for sid, lag in lags.items():
+            slot_lag[self._slot_of[sid]] += lag
+        slots = [
+            {"splits": len(self._slots[slot_id]), "lag": slot_lag[slot_id]}
+            for slot_id in range(self.parallelism)
+        ]
+        top = heapq.nlargest(self.progress_splits, lags.items(), key=operator.itemgetter(1))
+        listed = [(sid, self._slot_of[sid]) for sid, _ in top]
         if len(listed) < self.progress_splits:  # then splits that do not lag, in order
             named = {sid for sid, _ in listed}
             listed.extend(
@@ -847,7 +856,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                     (
                         (sid, slot_id)
                         for slot_id in sorted(self._slots)
-                        for sid in self._slots[slot_id]
+                        for sid in self._sorted_slot(slot_id)
                         if sid not in named
                     ),
                     self.progress_splits - len(listed),
