@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
-import json
 import logging
 import operator
 import time
@@ -138,7 +137,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
         self._reshaped: set[int] = set()
         self._moved: dict[int, set[str]] = {}
-        self._initial: str | None = None  # the offset before the first batch, as JSON
+        self._initial: JsonDict | None = None  # the offset before the first batch
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
         self._aligned: Alignment | None = None  # how the last batch was aligned
@@ -283,13 +282,9 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._pump()
             if self._fix_target:
                 self._fix_target_now()
-            # Kept whole (Spark asks for it again to replay batch 0, and keeps it nowhere),
-            # as text: as objects, the entries it shares with later offsets would stay in
-            # memory after those replaced them.
-            encoded = self._snapshot(0, {}).encode(self.source, self._encoder)
-            self._initial = json.dumps(encoded, separators=(",", ":"))
-        loaded: JsonDict = json.loads(self._initial)
-        return loaded
+            # in full: Spark asks for it again to replay batch 0, and keeps it nowhere
+            self._initial = self._snapshot(0, {}).encode(self.source, self._encoder)
+        return dict(self._initial)
 
     def prepare_available_now(self) -> None:
         """Read what exists when the run starts, nothing that appears later.
