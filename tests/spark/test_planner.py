@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
+from splitflow.api.events import SplitsFinishedEvent
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.limits import (
     MaxBytes,
@@ -35,7 +36,12 @@ from splitflow.spark.limits import (
 )
 from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, Slice, plan_partitions
 from splitflow.spark.planner import Planner
-from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
+from splitflow.testing.sequence import (
+    SequenceCatalog,
+    SequenceEnumerator,
+    SequenceSource,
+    SequenceSplit,
+)
 
 Record = tuple[str, int]
 Offset = dict[str, Any]
@@ -910,6 +916,41 @@ def test_lag_reports_owner_position_and_the_latest_the_batch_was_planned_against
     query.batch(MaxRecords(6))
     assert query.planner.lag()["splits"]["b"]["latest"] == 6
     assert read["a"] + read["b"] == 6
+
+
+class _SealsBWhenAFinishes(SequenceSource):
+    """A source whose split ``b`` ends (its writer closes it) right when split ``a``
+    finishes: between two looks at the extents in one planning."""
+
+    def create_enumerator(self, context: Any) -> Any:
+        catalog = self.catalog
+
+        class Enumerator(SequenceEnumerator):
+            def handle_source_event(self, reader: int, event: Any) -> None:
+                super().handle_source_event(reader, event)
+                if isinstance(event, SplitsFinishedEvent) and "a" in event.split_ids:
+                    catalog.seal("b")
+
+        return Enumerator(self, context, None)
+
+
+def test_a_split_that_ends_while_a_batch_is_planned_is_finished(clock: FakeClock) -> None:
+    """Planning finishes split a (at its end, unread); that ends split b (at its end too):
+    b is finished in the same planning, not left held (a later planning looks only at the
+    splits whose extent or position changed, and b's do not)."""
+    catalog = SequenceCatalog({"a": 0, "b": 0, "c": 3})
+    catalog.seal("a")
+    query = Query(Planner(_SealsBWhenAFinishes(catalog), 1, clock=clock))
+    query.drain()
+    catalog.append("c", 2)
+    query.drain()
+    assert sorted(query.read) == [("c", i) for i in range(5)]
+    assert list(query.planner.lag()["splits"]) == ["c"]  # a and b finished
+
+
+def test_progress_before_the_planner_started_is_empty(clock: FakeClock) -> None:
+    report = planner_for(SequenceCatalog({"a": 3}), clock).lag()
+    assert (report["splitCount"], report["totalLag"], report["splits"]) == (0, 0, {})
 
 
 def test_lag_totals_per_slot_and_lists_only_the_most_lagging_splits_of_a_large_source(

@@ -123,17 +123,19 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._latest_extents: dict[str, SplitExtent] | None = None  # of the last latestOffset
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
-        # Each slot's slices in the last offset and their index by split id, reused by the
-        # next while the slot holds the same splits (not _reshaped); _moved: split ids whose
-        # split object changed since (read, or rewound).
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
         # The extents and backlog boundaries seen at the last planning, and the backlogs
-        # then: a planning recomputes only the splits whose extent, boundary or position
-        # changed since (found by identity at C speed while the splits are the same).
+        # then: a planning recomputes only the splits whose extent or boundary changed since
+        # (found by identity at C speed while the splits are the same) and those _changed
+        # (read, rewound or assigned since its checks).
+        self._changed: set[str] = set()
         self._extents_seen: dict[str, SplitExtent] = {}
         self._boundaries_seen: dict[str, int] = {}
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
+        # Each slot's slices in the last offset and their index by split id, reused by the
+        # next while the slot holds the same splits (not _reshaped); _moved: split ids whose
+        # split object changed since (read, rewound or assigned).
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
         self._reshaped: set[int] = set()
         self._moved: dict[int, set[str]] = {}
@@ -157,6 +159,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of, self._built, self._reshaped, self._moved = {}, {}, set(), {}
+        self._changed = set()
         self._extents_seen, self._boundaries_seen, self._backlog_of = {}, {}, {}
         self._lag_of = {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
@@ -228,6 +231,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 slot[split.split_id] = split
                 self._slot_of[split.split_id] = reader_id
             self._moved.setdefault(reader_id, set()).update(s.split_id for s in message.splits)
+            self._changed.update(s.split_id for s in message.splits)
             self._unsorted.add(reader_id)
             self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
@@ -316,11 +320,12 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._fix_target_now()
         extents = self._extents()
         backlogs, ended = self._backlogs(extents)
-        if self._finish(ended):  # the enumerator may have assigned others
+        while self._finish(ended):  # the enumerator may have assigned others, ended too
             extents = self._extents()
-            backlogs, _ = self._backlogs(extents)
+            backlogs, ended = self._backlogs(extents)
         self._latest_extents = extents
         self._track_backlog(extents)
+        self._changed = set()  # checked: the next planning looks at what changes from here
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
@@ -483,6 +488,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if split is not None and event.position < split.position:
                 slot[event.split_id] = with_position(split, event.position)
                 self._moved.setdefault(slot_id, set()).add(event.split_id)
+                self._changed.add(event.split_id)
 
     def _check_events_written(
         self, batch: BatchOffset[SplitT, EnumStateT], slots: set[int]
@@ -563,7 +569,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if _same_keys(seen, extents):
             check = set(
                 itertools.compress(extents, map(is_not, extents.values(), seen.values()))
-            ).union(*self._moved.values())
+            ).union(self._changed)
         else:
             check = extents
             backlogs.clear()
@@ -648,7 +654,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         check: Iterable[str] = boundaries
         if _same_keys(seen, boundaries):  # a split reaches its boundary as it moves, or anew
             check = set(itertools.compress(boundaries, map(ne, boundaries.values(), seen.values())))
-            check = check.union(*(moved & boundaries.keys() for moved in self._moved.values()))
+            check = check.union(self._changed & boundaries.keys())
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
@@ -727,6 +733,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._note_lag(sid, self._extents_seen.get(sid), stop)
         if read:
             self._moved[slot_id] = read
+            self._changed |= read
         built_now = tuple(slices)
         self._built[slot_id] = (built_now, index)
         return built_now, tuple(slices[index[sid]] for sid in sorted(read))
@@ -835,12 +842,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        slot_lag = dict.fromkeys(range(self.parallelism), 0)
+        slot_lag = dict.fromkeys(sorted(self._slots), 0)  # none before the planner started
         for sid, lag in lags.items():
             slot_lag[self._slot_of[sid]] += lag
         slots = [
-            {"splits": len(self._slots[slot_id]), "lag": slot_lag[slot_id]}
-            for slot_id in range(self.parallelism)
+            {"splits": len(self._slots[slot_id]), "lag": lag} for slot_id, lag in slot_lag.items()
         ]
         top = heapq.nlargest(self.progress_splits, lags.items(), key=operator.itemgetter(1))
         listed = [(sid, self._slot_of[sid]) for sid, _ in top]
