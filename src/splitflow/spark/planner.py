@@ -134,11 +134,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
         # Each slot's slices in the last offset and their index by split id, reused by the
-        # next while the slot holds the same splits (not _reshaped); _moved: split ids whose
-        # split object changed since (read, rewound or assigned).
+        # next while the slot holds the same splits.
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
-        self._reshaped: set[int] = set()
-        self._moved: dict[int, set[str]] = {}
         self._initial: JsonDict | None = None  # the offset before the first batch
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -158,7 +155,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
-        self._slot_of, self._built, self._reshaped, self._moved = {}, {}, set(), {}
+        self._slot_of, self._built = {}, {}
         self._changed = set()
         self._extents_seen, self._boundaries_seen, self._backlog_of = {}, {}, {}
         self._lag_of = {}
@@ -230,16 +227,13 @@ class Planner(Generic[SplitT, EnumStateT]):
             for split in message.splits:
                 slot[split.split_id] = split
                 self._slot_of[split.split_id] = reader_id
-            self._moved.setdefault(reader_id, set()).update(s.split_id for s in message.splits)
             self._changed.update(s.split_id for s in message.splits)
             self._unsorted.add(reader_id)
-            self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
                 if slot.pop(split_id, None) is not None:
                     self._slot_of.pop(split_id, None)
                     self._lag_of.pop(split_id, None)
-            self._reshaped.add(reader_id)
         elif isinstance(message, ReaderEvent):
             self._to_readers.setdefault(reader_id, []).append(message.event)
         elif isinstance(message, NoMoreSplits):
@@ -483,11 +477,10 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _rewind(self, event: SliceEndedEvent) -> None:
         """A reader ended a slice early: the split's next slice starts where it ended."""
-        for slot_id, slot in self._slots.items():
+        for slot in self._slots.values():
             split = slot.get(event.split_id)
             if split is not None and event.position < split.position:
                 slot[event.split_id] = with_position(split, event.position)
-                self._moved.setdefault(slot_id, set()).add(event.split_id)
                 self._changed.add(event.split_id)
 
     def _check_events_written(
@@ -566,10 +559,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         seen, self._extents_seen = self._extents_seen, extents
         backlogs = self._backlog_of
         check: Iterable[str]
-        if _same_keys(seen, extents):
-            check = set(
-                itertools.compress(extents, map(is_not, extents.values(), seen.values()))
-            ).union(self._changed)
+        changed = _changed_keys(seen, extents, is_not)
+        if changed is not None:
+            check = changed | self._changed
         else:
             check = extents
             backlogs.clear()
@@ -628,7 +620,6 @@ class Planner(Generic[SplitT, EnumStateT]):
                     if self._slots[slot_id].pop(sid, None) is not None:  # not finished before
                         self._slot_of.pop(sid, None)
                         self._lag_of.pop(sid, None)
-                self._reshaped.add(slot_id)
                 event = SplitsFinishedEvent(tuple(sids))
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
         return any(ended.values())
@@ -652,9 +643,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         boundaries = self._settle(self.coordinator.backlog_boundaries())
         seen, self._boundaries_seen = self._boundaries_seen, boundaries
         check: Iterable[str] = boundaries
-        if _same_keys(seen, boundaries):  # a split reaches its boundary as it moves, or anew
-            check = set(itertools.compress(boundaries, map(ne, boundaries.values(), seen.values())))
-            check = check.union(self._changed & boundaries.keys())
+        changed = _changed_keys(seen, boundaries, ne)
+        if changed is not None:  # a split reaches its boundary as it moves, or anew
+            check = changed | (self._changed & boundaries.keys())
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
@@ -702,28 +693,27 @@ class Planner(Generic[SplitT, EnumStateT]):
         splits are moved on to where the batch stops.
 
         Those of the last offset are reused: while the slot holds the same splits, as a copy
-        with the slices of the splits read or moved since replaced (O(what changed) but
-        for a C-level copy); else slice by slice, each split unchanged since keeping its
-        slice object (which saves the encoder work: :class:`OffsetEncoder`).
+        with the slices of the splits whose object changed since (read or rewound) replaced,
+        found by identity at C speed; else slice by slice, each split unchanged since keeping
+        its slice object (which saves the encoder work: :class:`OffsetEncoder`).
         """
         slot = self._sorted_slot(slot_id)
         built = self._built.get(slot_id)
-        moved = self._moved.pop(slot_id, set())
-        if built is None or slot_id in self._reshaped:
-            last = {} if built is None else {piece.split.split_id: piece for piece in built[0]}
+        if built is not None and slot.keys() == built[1].keys():  # the same splits, in order
+            slices, index = list(built[0]), built[1]
+            last = map(operator.attrgetter("split"), built[0])
+            for i in itertools.compress(range(len(slices)), map(is_not, slot.values(), last)):
+                split = slot[slices[i].split.split_id]  # a new object: read or rewound since
+                slices[i] = Slice(split, split.position)
+        else:
+            last_of = {} if built is None else {p.split.split_id: p for p in built[0]}
             slices = []
             for sid, split in slot.items():
-                piece = last.get(sid)
+                piece = last_of.get(sid)
                 if piece is None or piece.split is not split or piece.stop != split.position:
                     piece = Slice(split, split.position)
                 slices.append(piece)
             index = {sid: i for i, sid in enumerate(slot)}
-            self._reshaped.discard(slot_id)
-        else:
-            slices, index = list(built[0]), built[1]
-            for sid in moved:
-                split = slot[sid]
-                slices[index[sid]] = Slice(split, split.position)
         read = slot.keys() & reads.keys()
         for sid in read:  # each read split becomes a new object (no dataclasses.replace else)
             split = slot[sid]
@@ -731,9 +721,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             slices[index[sid]] = Slice(split, stop)
             slot[sid] = with_position(split, stop)
             self._note_lag(sid, self._extents_seen.get(sid), stop)
-        if read:
-            self._moved[slot_id] = read
-            self._changed |= read
+        self._changed |= read
         built_now = tuple(slices)
         self._built[slot_id] = (built_now, index)
         return built_now, tuple(slices[index[sid]] for sid in sorted(read))
@@ -919,10 +907,14 @@ class Planner(Generic[SplitT, EnumStateT]):
         return report
 
 
-def _same_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether ``a`` and ``b`` have the same keys in the same order (then their values
-    pair up in order), at C speed."""
-    return len(a) == len(b) and list(a) == list(b)
+def _changed_keys(
+    before: Mapping[str, Any], now: Mapping[str, Any], differ: Callable[[Any, Any], bool]
+) -> set[str] | None:
+    """The keys whose values ``differ`` from ``before`` to ``now``, at C speed; None when
+    the two do not have the same keys in the same order."""
+    if len(before) != len(now) or list(before) != list(now):
+        return None
+    return set(itertools.compress(now, map(differ, now.values(), before.values())))
 
 
 def collect_garbage_less_often() -> None:
