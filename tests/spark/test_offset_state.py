@@ -35,7 +35,7 @@ from splitflow.spark.offsetstate import (
     patched,
 )
 from splitflow.spark.planner import Planner
-from splitflow.spark.snapshots import StateRef
+from splitflow.spark.snapshots import StateRef, to_json
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
@@ -58,6 +58,27 @@ def test_a_difference_patched_onto_the_old_document_gives_the_new(
     stored = json.loads(json.dumps(change))  # as a delta file holds it
     assert patched(json.loads(json.dumps(old)), stored) == new
     assert (change == {}) == (old == new)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too: orjson refuses those
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+@PROPERTY
+def test_a_state_file_reads_back_as_json_would_have_written_it(value: Any) -> None:
+    assert json.loads(to_json(value)) == json.loads(json.dumps(value))
 
 
 def planner(

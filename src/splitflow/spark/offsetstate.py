@@ -42,14 +42,13 @@ times the state.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.offset import OFFSET_FORMAT
-from splitflow.spark.snapshots import SnapshotLog, StateRef
+from splitflow.spark.snapshots import SnapshotLog, StateRef, to_json
 from splitflow.spark.statedir import StateStore
 
 FULL, SMALL = OFFSET_FORMAT, 2
@@ -146,7 +145,7 @@ class OffsetState(SnapshotLog):
             if slots_change:
                 change.setdefault("sub", {})["slots"] = slots_change
             if change:
-                data = json.dumps(change, separators=(",", ":")).encode()
+                data = to_json(change)
                 if 2 * (self._delta_bytes + len(data)) > self._base_bytes:
                     ref = self._snapshot(seq, state, size)
                 else:
@@ -197,7 +196,7 @@ class OffsetState(SnapshotLog):
         }
 
     def _snapshot(self, seq: int, state: JsonDict, size: int) -> StateRef:
-        data = json.dumps(state, separators=(",", ":")).encode()
+        data = to_json(state)
         self._put(seq, "snapshot", data)
         self._base_bytes, self._delta_bytes = len(data), 0
         return StateRef(seq, (), size)
