@@ -542,6 +542,16 @@ def test_restored_finished_splits_are_never_assigned() -> None:
     assert added(h) == {0: ["b"]}
 
 
+def test_a_restored_split_that_vanished_before_its_reader_reported_it_is_dropped() -> None:
+    restored = AssignerState(assigned={"a": 0, "b": 0}, discovered=True)
+    h = make(Catalog(S("a")), parallelism=1, interval=10.0, state=restored)
+
+    h.scheduler.advance(10.0)
+
+    assert h.enumerator.awaiting_report() == {"a": 0}
+    assert snapshot(h).assigned == {"a": 0}
+
+
 def test_restoring_reader_ownership_needs_the_mixin() -> None:
     restored = AssignerState(assigned={"a": 0}, discovered=True)
     h = make(Catalog(S("a")), parallelism=1, state=restored, source_type=FakeSource, start=False)
