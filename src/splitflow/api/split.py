@@ -163,6 +163,7 @@ class DataclassCodec(Codec[T]):
         self._cls = cls
         fields = [f for f in dataclasses.fields(cls) if f.init]
         self._fields = tuple(f.name for f in fields)
+        self._names = frozenset(self._fields)
         self._required = frozenset(
             f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING
         )
@@ -176,7 +177,7 @@ class DataclassCodec(Codec[T]):
             raise IncompatibleCheckpointError(
                 f"{self._cls.__name__} codec", found=version, expected=self.version
             )
-        if not self._required <= data.keys() <= set(self._fields):
+        if not self._required <= data.keys() <= self._names:
             # the dataclass changed without a new codec version
             raise IncompatibleCheckpointError(
                 f"{self._cls.__name__} codec version {version}",
@@ -184,7 +185,9 @@ class DataclassCodec(Codec[T]):
                 expected=sorted(self._fields),
                 of="fields",
             )
-        return self._cls(**{k: _from_json(v) for k, v in data.items()})
+        if list in map(type, data.values()):  # a C-level scan: most splits hold no list
+            return self._cls(**{k: _from_json(v) for k, v in data.items()})
+        return self._cls(**data)
 
 
 def _to_json(value: object) -> object:

@@ -81,7 +81,11 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         """Each slot's splits at the position reading resumes after this batch (the splits
         the batch ends are finished then)."""
         return {
-            slot: [with_position(s.split, s.stop) for s in slices if not s.ends]
+            slot: [
+                s.split if s.stop == s.split.position else with_position(s.split, s.stop)
+                for s in slices
+                if not s.ends
+            ]
             for slot, slices in enumerate(self.slots)
         }
 
