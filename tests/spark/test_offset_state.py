@@ -7,8 +7,11 @@ restores from it at any parallelism, and every offset Spark keeps finds its file
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,30 @@ json_values = st.recursive(
 @PROPERTY
 def test_a_state_file_reads_back_as_json_would_have_written_it(value: Any) -> None:
     assert json.loads(to_json(value)) == json.loads(json.dumps(value))
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+@dataclass(frozen=True)
+class NotJson:
+    name: str
+
+
+@pytest.mark.parametrize(
+    "value", [{"level": Level.HIGH}, [Level.HIGH, "x"], {"a": {"b": (1, 2)}}], ids=repr
+)
+def test_a_state_file_holds_what_json_writes_for_subclasses_of_json_types(value: Any) -> None:
+    assert json.loads(to_json(value)) == json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize("value", [NotJson("x"), {"at": datetime(2026, 1, 1)}], ids=repr)
+def test_what_json_cannot_write_is_refused_in_state_files_too(value: Any) -> None:
+    with pytest.raises(TypeError):
+        json.dumps(value)
+    with pytest.raises(TypeError):
+        to_json(value)
 
 
 def planner(
