@@ -22,7 +22,7 @@ Phases of one batch (``batch`` is their sum: the driver's planning time per batc
 ``commit``              ``json.loads(end)``, ``Planner.commit`` (of the batch before)
 ======================  =====================================================================
 
-Also per size: ``initialOffset`` (start, first discovery, assignment of every split, encode),
+Also per size: ``initialOffset`` (start, first discovery, assignment of every split),
 an ``idle trigger`` (``latestOffset`` and ``reportLatestOffset`` with nothing new, which Spark
 repeats on every trigger while a query is idle), ``decode`` (``BatchOffset.decode`` of a
 parsed end offset), ``restore`` (a new Planner's first ``latest_offset`` from an existing

@@ -366,11 +366,10 @@ def test_a_first_start_that_died_before_any_commit_leaves_the_directory_free(
     """The driver died after claiming the directory, before Spark recorded an offset: the
     query starts afresh again and must not find its directory locked."""
     _, source, first = setup(tmp_path)
-    start = roundtrip(first.initial_offset())
-    first.latest_offset(start, MaxRecords(10))
+    end1 = roundtrip(first.latest_offset(roundtrip(first.initial_offset()), MaxRecords(10)))
     fresh = planner_on(source, tmp_path)
-    offset = roundtrip(fresh.initial_offset())
-    assert offset["owner"] != start["owner"]
+    offset = roundtrip(fresh.latest_offset(roundtrip(fresh.initial_offset()), MaxRecords(10)))
+    assert offset["owner"] != end1["owner"]
 
 
 def test_a_checkpoint_of_a_splitflow_without_owner_tokens_takes_its_directory(
@@ -381,7 +380,7 @@ def test_a_checkpoint_of_a_splitflow_without_owner_tokens_takes_its_directory(
     _, source, first = setup(tmp_path)
     start = roundtrip(first.initial_offset())
     end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
-    del end1["owner"]
+    first_owner = end1.pop("owner")
     (tmp_path / "owner.json").unlink()
     end2 = roundtrip(planner_on(source, tmp_path).latest_offset(end1, MaxRecords(10)))
-    assert end2["owner"] not in (None, start["owner"])
+    assert end2["owner"] not in (None, first_owner)

@@ -12,6 +12,7 @@ record of the catalog, exactly once.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -424,6 +425,35 @@ def test_initial_offset_stays_the_offset_before_the_first_batch(clock: FakeClock
     start = planner.initial_offset()
     planner.latest_offset(start, ReadAll())
     assert planner.initial_offset() == start
+
+
+def test_the_initial_offset_is_the_same_few_bytes_whatever_the_split_count(
+    clock: FakeClock,
+) -> None:
+    """Spark parses the initial offset, shows it as batch 0's start in the query's progress
+    and keeps it there: it names no split (checkpoint 0 stays in the planner)."""
+    small = planner_for(SequenceCatalog({"a": 5}), clock).initial_offset()
+    many = planner_for(SequenceCatalog({f"s{i:05}": 3 for i in range(5_000)}), clock)
+    assert many.initial_offset() == small
+    assert len(json.dumps(small)) < 64
+
+
+def test_asking_for_the_initial_offset_again_after_a_batch_changes_nothing(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark may ask for the initial offset again while batch 0 runs (it is that batch's
+    start): the batch planned next follows the one planned last, with no restore."""
+    catalog = SequenceCatalog({"a": 5, "b": 5})
+    planner = planner_for(catalog, clock)
+    start = as_spark_stores_it(planner.initial_offset())
+    end1 = as_spark_stores_it(planner.latest_offset(start, MaxRecords(4)))
+    first = records_of(end1, planner)
+    assert planner.initial_offset() == start
+    with caplog.at_level(logging.INFO, logger="splitflow.spark"):
+        end2 = as_spark_stores_it(planner.latest_offset(end1, ReadAll()))
+    assert "restoring" not in caplog.text
+    assert end2["seq"] == end1["seq"] + 1
+    assert_exactly_once(first + records_of(end2, planner), catalog.records())
 
 
 def test_latest_offset_returns_start_unchanged_when_nothing_is_new(clock: FakeClock) -> None:

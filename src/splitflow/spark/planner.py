@@ -63,12 +63,15 @@ from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerStore
 from splitflow.spark.limits import BacklogAware, MinRecords, ReadLimit, reads_under
-from splitflow.spark.offset import BatchOffset, OffsetEncoder, Slice
+from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, OffsetEncoder, Slice
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
 
 log = logging.getLogger("splitflow.spark")
+
+INITIAL: JsonDict = {"splitflow": OFFSET_FORMAT, "seq": 0, "initial": True}
+"""The offset before the first batch, as Spark gets it: small whatever the split count."""
 
 LEDGER_WARNING = 10_000
 """Finished splits in offsets beyond which a query without ``stateDir`` gets a warning."""
@@ -136,7 +139,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         # Each slot's slices in the last offset and their index by split id, reused by the
         # next while the slot holds the same splits.
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
-        self._initial: JsonDict | None = None  # the offset before the first batch
+        self._initial = False  # checkpoint 0 taken (by initial_offset)
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
         self._aligned: Alignment | None = None  # how the last batch was aligned
@@ -256,8 +259,8 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _ensure(self, start: Mapping[str, Any] | None) -> None:
         """Start fresh, or restore from ``start`` unless it is the batch planned last."""
-        if start is None or not start:
-            if self._coordinator is None:
+        if not start or start.get("seq") == 0:  # the initial offset: nothing to restore
+            if self._coordinator is None or not self._planned_last(INITIAL):
                 self._start(None)
             return
         if self._coordinator is not None and self._planned_last(start):
@@ -273,16 +276,19 @@ class Planner(Generic[SplitT, EnumStateT]):
 
         Spark calls it twice on a fresh start, and after ``prepare_available_now`` (which
         may already have started the coordinator) under ``trigger(availableNow=True)``.
+        The offset Spark gets is :data:`INITIAL`, whatever the split count: Spark logs no
+        batch's start, only ends, and hands the initial offset back only to the run that
+        made it (as batch 0's start); a restarted run asks for it anew and starts fresh.
         """
-        if self._initial is None:
+        if not self._initial:
             if self._coordinator is None:
                 self._start(None)
             self._pump()
             if self._fix_target:
                 self._fix_target_now()
-            # in full: Spark asks for it again to replay batch 0, and keeps it nowhere
-            self._initial = self._snapshot(0, {}).encode(self.source, self._encoder)
-        return dict(self._initial)
+            self._snapshot(0, {})  # checkpoint 0: everything assigned, nothing read
+            self._initial = True
+        return dict(INITIAL)
 
     def prepare_available_now(self) -> None:
         """Read what exists when the run starts, nothing that appears later.
@@ -376,7 +382,12 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def read_offset(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
         """A Spark offset of this query, read as a restarted driver reads it, without
-        changing what this planner writes next (for tools and tests)."""
+        changing what this planner writes next (for tools and tests). The initial offset
+        holds no state: only the planner that made it, before it plans a batch, reads it."""
+        if offset.get("initial"):
+            if self._last is None or self._last.seq != 0:
+                raise ValueError("the initial offset holds no state to read")
+            return self._last
         state = OffsetState(self._offsets.store) if self._offsets is not None else None
         return BatchOffset.decode(expand_offset(offset, state), self.source)
 
