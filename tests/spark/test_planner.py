@@ -1039,3 +1039,10 @@ def test_max_bytes_with_max_records_keeps_both_limits(clock: FakeClock) -> None:
     query = Query(Planner(source, 2, clock=clock))
     assert len(query.batch(MaxBytes(5_000, records=20)) or []) == 20
     assert len(query.batch(MaxBytes(1_000, records=20)) or []) == 10
+
+
+def test_an_initial_offset_read_by_another_planner_is_a_clear_error(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 5})
+    start = as_spark_stores_it(planner_for(catalog, clock).initial_offset())
+    with pytest.raises(ValueError, match="initial offset holds no state"):
+        planner_for(catalog, clock).read_offset(start)

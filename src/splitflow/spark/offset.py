@@ -102,6 +102,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     def decode(
         cls, data: Mapping[str, Any], source: Source[Any, SplitT, EnumStateT]
     ) -> BatchOffset[SplitT, EnumStateT]:
+        if data.get("initial"):
+            raise ValueError(
+                "the initial offset holds no state: only the planner that made it knows it"
+            )
         if data.get("splitflow") != OFFSET_FORMAT:
             raise IncompatibleCheckpointError(
                 "splitflow offset in the Spark checkpoint",

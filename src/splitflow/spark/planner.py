@@ -384,9 +384,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         """A Spark offset of this query, read as a restarted driver reads it, without
         changing what this planner writes next (for tools and tests). The initial offset
         holds no state: only the planner that made it, before it plans a batch, reads it."""
-        if offset.get("initial"):
-            if self._last is None or self._last.seq != 0:
-                raise ValueError("the initial offset holds no state to read")
+        if offset.get("initial") and self._last is not None and self._planned_last(offset):
             return self._last
         state = OffsetState(self._offsets.store) if self._offsets is not None else None
         return BatchOffset.decode(expand_offset(offset, state), self.source)
