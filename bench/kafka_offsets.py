@@ -13,7 +13,8 @@ record found by the peek).
   rounds alternating the two ways (one ListOffsets request against requests of 1,000).
 * ``peek`` at 1,200 partitions, one round (one consumer assigned every partition against
   1,000 at a time): assigned more than about 1,000 partitions at once, a consumer of Tansu
-  takes seconds (1,200) to a minute (1,500 and more), so larger sizes are not run that way.
+  takes seconds (1,200) to tens of seconds (1,500 and more), so larger sizes are not run
+  that way.
   Not run at the offsets sizes: Tansu's fetches slow down with the topic's partition count
   whatever the assignment (about 3 s per 1,000 partitions assigned with a topic of 10,000),
   so peeks at those sizes would time Tansu.

@@ -101,7 +101,7 @@ class ConfluentBroker(Broker):
     assigned at once to the consumer of :meth:`peek`. A request's cost in the client grows
     with the square of its partitions (50,000: 14.1 s in one request, 0.86 s in requests of
     1,000), and a consumer assigned more than about 1,000 partitions of Tansu takes seconds
-    to a minute to answer (``bench/kafka_offsets.py``)."""
+    to tens of seconds to answer (``bench/kafka_offsets.py``)."""
 
     def __init__(self, client: ClientConfig, *, request_timeout: float = 30.0) -> None:
         from confluent_kafka.admin import AdminClient
