@@ -57,3 +57,30 @@ def spark_cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     for pid, (kind, seconds) in spark_processes().items():
         used[kind] += seconds - before.get(pid, (kind, 0.0))[1]
     return used
+
+
+RUNNER = b"pyspark.sql.streaming.python_streaming_source_runner"
+WARM = b"splitflow.spark.warmstart"
+
+
+def is_runner(pid: int) -> bool:
+    """Whether ``pid`` is a streaming source runner: the process Spark starts (with
+    splitflow's warm start, a stand-in), or one the warm process forked (a child of it)."""
+    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    if RUNNER in command:
+        return True
+    return WARM in command and WARM in Path(f"/proc/{_stat(pid)[1]}/cmdline").read_bytes()
+
+
+def warm_processes() -> list[int]:
+    """This process's warm processes (``splitflow.spark.warmstart``): the parents of the
+    runners they fork, whose CPU time counts in theirs once they ended."""
+    found = []
+    for pid in spark_processes():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if WARM in command and int(_stat(pid)[1]) == os.getpid():
+                found.append(pid)
+        except (OSError, ValueError):
+            continue
+    return found

@@ -65,13 +65,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.spark (in 
 
 from tests.spark.support import log_ids
 
-from _proc_cpu import spark_processes
+from _proc_cpu import is_runner, spark_processes
 from _snapshot import local_session
 from splitflow.testing.postgres import Postgres
 
 TARGET_MS = 100.0
 TABLE = "scale"
-RUNNER = b"pyspark.sql.streaming.python_streaming_source_runner"
 PHASES = ("queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
 MIB = 1024 * 1024
 
@@ -124,8 +123,7 @@ class MemoryWatch(threading.Thread):
         rss = {"runner": 0, "jvm": 0}
         for pid, (kind, _) in spark_processes().items():
             try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if RUNNER in command:
+                if is_runner(pid):
                     kind = "runner"
                     self.runners.add(pid)
                 elif kind != "jvm":

@@ -26,15 +26,18 @@ and its planner), the batches (``triggerExecution``), and ``end`` (from the last
 end to ``awaitTermination()`` returning); the medians over the rounds are printed per reader, with
 the CPU seconds each query used (``_proc_cpu``; processes of this script only): the JVM's,
 Spark's Python workers', and those of the processes the JVM started that ended meanwhile
-(its ``cutime``: the streaming source runner below, and Hadoop's ``chmod`` shell-outs). CPU
-seconds depend much less than wall times on what else runs on the machine. Also printed:
-the command, the load average at the start and each round's times and batches.
+(its ``cutime``: the streaming source runner below, and Hadoop's ``chmod`` shell-outs), plus
+those of the runners splitflow's warm process forked (its ``cutime``). CPU seconds depend
+much less than wall times on what else runs on the machine. Also printed: the command, the
+load average at the start and each round's times and batches.
 
 For a Python source, Spark starts one fresh Python process per query run, the streaming
 source runner (``python -m pyspark.sql.streaming.python_streaming_source_runner``), and
 waits for it before the first batch; Spark puts its own ``pyspark.zip`` first on that
-process's ``PYTHONPATH``. The script also measures (not in the score) the CPU seconds of a
-fresh interpreter importing what that runner imports: the runner module alone and with
+process's ``PYTHONPATH``. splitflow hands that process over to a warm one that forks the
+runner with everything imported (``splitflow.spark.warmstart``); ``SPLITFLOW_WARM_START=0``
+measures the cold start. The script also measures (not in the score) the CPU seconds of a
+fresh interpreter importing what a cold runner imports: the runner module alone and with
 ``splitflow.spark.files``, with ``pyspark.zip`` first as Spark starts it, and from
 site-packages (cached bytecode) for comparison.
 
@@ -66,7 +69,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from _proc_cpu import spark_cpu_used, spark_processes
+from _proc_cpu import is_runner, spark_cpu_used, spark_processes, warm_processes
 from _snapshot import local_session
 
 SCHEMA = "id bigint, value bigint"
@@ -136,7 +139,7 @@ def _runner_alive(before: dict[int, tuple[str, float]]) -> bool:
     """Whether a streaming source runner started since ``before`` still runs."""
     for pid in spark_processes().keys() - before.keys():
         try:
-            if RUNNER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if is_runner(pid):
                 return True
         except OSError:  # it ended meanwhile
             continue
@@ -172,7 +175,8 @@ def run_query(
         .trigger(availableNow=True)
     )
     processes = spark_processes()
-    jvms = [pid for pid, (kind, _) in processes.items() if kind == "jvm"]
+    # the runner is the JVM's child, or (warm start) the warm process's
+    jvms = [pid for pid, (kind, _) in processes.items() if kind == "jvm"] + warm_processes()
     ended = _ended_children(jvms)
     began_at = time.time()
     began = time.perf_counter()

@@ -48,9 +48,16 @@ def __getattr__(name: str) -> Any:
 
 
 def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
-    """Register ``data_sources`` (default: the built-in ones) with a Spark session."""
-    for data_source in data_sources or built_in():
-        spark.dataSource.register(data_source)
+    """Register ``data_sources`` (default: the built-in ones) with a Spark session.
+
+    Their streaming queries start their driver-side Python process from a warm one
+    (:mod:`splitflow.spark.warmstart`; ``SPLITFLOW_WARM_START=0`` turns that off).
+    """
+    from splitflow.spark.warmstart import registering
+
+    with registering(spark):
+        for data_source in data_sources or built_in():
+            spark.dataSource.register(data_source)
 
 
 __all__ = [

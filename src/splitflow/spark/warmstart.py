@@ -1,0 +1,295 @@
+"""Streaming source runners forked from a warm process instead of started cold.
+
+For every streaming query, Spark starts a new ``python -m
+pyspark.sql.streaming.python_streaming_source_runner`` on the driver and waits for it before
+the first trigger. That interpreter imports pyspark from ``pyspark.zip`` (first on its
+``PYTHONPATH``, with no bytecode inside, so every module is compiled from source), pandas,
+pyarrow and the connector: about a second of CPU per query start, against 0.07 s for the
+start of Spark's own file source (``bench/fixed_costs.py``).
+
+:func:`splitflow.spark.register` starts one *warm process* per driver process: it imports
+all of that once, then waits on a private Unix socket. The splitflow data sources are
+registered with two environment variables for their Python processes: ``PYTHONPATH`` gets
+a directory holding a ``sitecustomize`` module, and :data:`SOCKET_ENV` names the socket.
+When Spark starts a runner for one of them, that ``sitecustomize`` (which Python runs
+before the runner module) hands the process's standard streams, arguments, environment,
+working directory and ``sys.path`` to the warm process, which forks a child that runs the
+runner module with them. The started process stays as the child's stand-in for Spark: it
+passes on the signals Spark sends it (stopping a query) and exits with the child's status,
+and the child ends when it ends (killed, say).
+Any other Python process (Spark's worker daemon, the planning workers) goes on as usual,
+as does a runner when the warm process is not there or not ready: it starts cold, as
+without this module. The next ``sitecustomize`` on the path (the environment's own) runs
+in every process that does not hand over.
+
+Linux only (it forks a process that imported pyarrow and numpy, as Spark's worker daemon
+does). ``SPLITFLOW_WARM_START=0`` in the driver's environment turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from splitflow.spark._warmsite.sitecustomize import RUNNER, SOCKET_ENV
+
+log = logging.getLogger("splitflow.spark")
+
+SWITCH_ENV = "SPLITFLOW_WARM_START"
+SITE_DIR = str(Path(__file__).with_name("_warmsite"))
+"""The directory of the ``sitecustomize`` that hands a runner over to the warm process."""
+_HEADER = struct.Struct("!I")
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+"""The warm process's environment besides the driver's: numpy's OpenBLAS and pyarrow's
+jemalloc start no thread of their own, so that the process that forks is single-threaded
+(why Spark's worker daemon imports neither before it forks)."""
+
+
+class WarmStart:
+    """The driver's warm process (started by :meth:`start`, stopped with the driver)."""
+
+    _current: WarmStart | None = None
+
+    def __init__(self, process: subprocess.Popen[bytes], directory: str) -> None:
+        self.process = process
+        self.directory = directory
+        self.socket_path = os.path.join(directory, "runner.sock")
+
+    @classmethod
+    def start(cls) -> WarmStart | None:
+        """The driver's warm process, started on the first call (None: turned off or not
+        supported here)."""
+        current = cls._current
+        if current is not None and current.process.poll() is None:
+            return current
+        if os.environ.get(SWITCH_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+            return None
+        directory = tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, directory],
+            env={**os.environ, **_ONE_THREAD},
+            stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        cls._current = cls(process, directory)
+        return cls._current
+
+    def environment(self) -> dict[str, str]:
+        """What a data source's Python processes need in their environment to hand their
+        runners over (the ``PYTHONPATH`` entry is put first)."""
+        return {"PYTHONPATH": SITE_DIR, SOCKET_ENV: self.socket_path}
+
+
+@contextmanager
+def registering(spark: Any) -> Iterator[None]:
+    """Data sources registered with ``spark`` in this block hand their runners to the warm
+    process (started now if it is not running): the variables go into the context's
+    ``environment`` (what a data source registered keeps for its Python processes) and back
+    as they were after the block. With Spark Connect (no context here: the server starts the
+    runners) or warm start off, the block registers them as they are."""
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect
+        sc = None
+    warm = WarmStart.start() if sc is not None else None
+    if warm is None:
+        yield
+        return
+    before = dict(sc.environment)
+    added = warm.environment()
+    path = [added.pop("PYTHONPATH"), *filter(None, [before.get("PYTHONPATH")])]
+    sc.environment.update({**added, "PYTHONPATH": os.pathsep.join(path)})
+    try:
+        yield
+    finally:
+        sc.environment.clear()
+        sc.environment.update(before)
+
+
+# -- the warm process ---------------------------------------------------------------------------
+
+
+def _serve(directory: str) -> None:
+    """Import what a runner imports, then fork a runner for each request until the driver's
+    end of stdin closes."""
+    try:
+        if _warm_up():
+            _accept(os.path.join(directory, "runner.sock"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _warm_up() -> bool:
+    """Import what the runners need; whether this process may fork them."""
+    __import__(RUNNER)
+    import splitflow.spark
+
+    splitflow.spark.built_in()  # every built-in connector, so no child imports one
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:  # a fork copies no thread but their locks: runners start cold
+        log.warning(
+            "splitflow: streaming source runners start cold (no warm start): an import "
+            "started %d threads in the process that would fork them",
+            threads - 1,
+        )
+    return threads == 1
+
+
+def _accept(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".new")
+    listener.listen(16)
+    os.rename(path + ".new", path)  # ready: a runner that finds the socket is served
+    children: dict[int, socket.socket] = {}
+    try:
+        while True:
+            ready, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+            if sys.stdin in ready and not os.read(sys.stdin.fileno(), 512):
+                return  # the driver exited
+            if listener in ready:
+                connection, _ = listener.accept()
+                try:
+                    pid = _fork(connection, [listener, *children.values()])
+                    if pid:
+                        children[pid] = connection
+                    else:
+                        connection.close()
+                except Exception:
+                    log.exception("splitflow: the warm process could not start a runner")
+                    connection.close()
+            _reap(children)
+    finally:
+        listener.close()
+        for connection in children.values():
+            connection.close()
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Tell each stand-in whose runner exited its exit status."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        connection = children.pop(pid, None)
+        if connection is not None:
+            with suppress(OSError):  # the stand-in is gone: nobody waits for the status
+                connection.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+            connection.close()
+
+
+def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """A stand-in's request: its streams' descriptors, and what else the runner needs."""
+    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
+    if len(header) != _HEADER.size or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError("a runner's request without its header or its three streams")
+    (size,) = _HEADER.unpack(header)
+    body = b""
+    while len(body) < size:
+        chunk = connection.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("a runner's request ended early")
+        body += chunk
+    request: dict[str, Any] = json.loads(body)
+    return request, fds
+
+
+def _fork(connection: socket.socket, others: list[socket.socket]) -> int:
+    """Fork a runner for the request on ``connection``; its pid (sent to the stand-in), or 0
+    when the stand-in runs another Python than this one (it starts the runner itself).
+    ``others``: the warm process's sockets, which the runner closes."""
+    request, fds = _receive(connection)
+    if request["python"] != [sys.prefix, sys.version]:  # PYSPARK_PYTHON is another Python
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(b"0\n")  # start it there, cold
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the runner
+        code = 1
+        try:
+            for held in (connection, *others):
+                held.close()
+            _become_runner(request, fds)
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(b"%d\n" % pid)
+    return pid
+
+
+def _become_runner(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: take the stand-in's streams and settings, run the runner."""
+    import runpy
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    _die_with(int(request["pid"]))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = request["path"]
+    sys.modules.pop(RUNNER, None)  # imported to warm up; run anew as __main__
+    runpy.run_module(RUNNER, run_name="__main__", alter_sys=True)
+
+
+def _die_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` (the stand-in) ends: killing what Spark
+    sees as the runner kills the runner."""
+    import threading
+
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)  # gone already: nobody waits for this runner
+
+    def watch() -> None:
+        select.select([handle], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="splitflow-stand-in", daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    """``python -m splitflow.spark.warmstart DIRECTORY``: the warm process."""
+    (directory,) = argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver's ^C is the driver's
+    _serve(directory)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,241 @@
+"""Streaming source runners forked from the driver's warm process (splitflow.spark.warmstart).
+
+Without Spark: a process started as Spark starts a runner (``python -m
+pyspark.sql.streaming.python_streaming_source_runner``, the warm start's variables in its
+environment) talks to a stand-in for the JVM here, which reads the pid the runner sends
+once connected. With Spark (slow): a real query's runner is the warm process's child, and
+stopping the query ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyspark
+import pytest
+
+from splitflow.spark.warmstart import RUNNER, SITE_DIR, SOCKET_ENV, WarmStart
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+SECRET = "not-a-secret"
+SPARK_ZIPS = sorted(
+    str(p) for p in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip")
+)  # what Spark puts first on a Python worker's path
+
+
+@pytest.fixture(scope="module")
+def warm() -> WarmStart:
+    started = WarmStart.start()
+    assert started is not None
+    deadline = time.monotonic() + 60
+    while not os.path.exists(started.socket_path):  # ready once its imports are done
+        assert started.process.poll() is None, "the warm process exited"
+        assert time.monotonic() < deadline, "the warm process did not get ready"
+        time.sleep(0.05)
+    return started
+
+
+class FakeJvm:
+    """Where a runner connects back to: answers its authentication, reads its pid."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(30)
+        self.port = self.server.getsockname()[1]
+        self.connection: socket.socket | None = None
+
+    def runner_pid(self) -> int:
+        connection, _ = self.server.accept()
+        connection.settimeout(30)
+        self.connection = connection
+        (size,) = struct.unpack("!i", _read(connection, 4))
+        assert _read(connection, size).decode() == SECRET
+        connection.sendall(struct.pack("!i", 2) + b"ok")
+        (pid,) = struct.unpack("!i", _read(connection, 4))
+        return int(pid)
+
+    def fail(self) -> str:
+        """Send the runner a Python version it cannot match; the error it sends back."""
+        assert self.connection is not None
+        self.connection.sendall(struct.pack("!i", 3) + b"0.0")
+        (special,) = struct.unpack("!i", _read(self.connection, 4))
+        assert special == -2  # an exception follows
+        (size,) = struct.unpack("!i", _read(self.connection, 4))
+        return _read(self.connection, size).decode()
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+        self.server.close()
+
+
+def _read(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        assert chunk, "the runner closed its connection"
+        data += chunk
+    return data
+
+
+@pytest.fixture
+def jvm() -> Iterator[FakeJvm]:
+    fake = FakeJvm()
+    yield fake
+    fake.close()
+
+
+def start_runner(
+    jvm: FakeJvm, socket_path: str | None, python: str = sys.executable
+) -> subprocess.Popen[bytes]:
+    """A runner started as Spark starts one, for a data source registered with warm start
+    (``socket_path``; None: without), by ``python`` (Spark's ``pythonExec``)."""
+    env = {k: v for k, v in os.environ.items() if k not in (SOCKET_ENV, "PYTHONPATH")}
+    env.update(
+        PYTHON_WORKER_FACTORY_PORT=str(jvm.port),
+        PYTHON_WORKER_FACTORY_SECRET=SECRET,
+        # as Spark puts them; this Python's packages for another Python
+        PYTHONPATH=os.pathsep.join([*SPARK_ZIPS, SITE_DIR, sysconfig.get_paths()["purelib"]]),
+    )
+    if socket_path is not None:
+        env[SOCKET_ENV] = socket_path
+    return subprocess.Popen(
+        [python, "-m", RUNNER], env=env, stderr=subprocess.PIPE, cwd=os.getcwd()
+    )
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def test_a_runner_is_forked_by_the_warm_process_and_fails_as_a_cold_one_would(
+    warm: WarmStart, jvm: FakeJvm
+) -> None:
+    stand_in = start_runner(jvm, warm.socket_path)
+    pid = jvm.runner_pid()  # it found the fake JVM from the stand-in's environment
+    assert pid != stand_in.pid, "the runner ran in the process Spark started"
+    assert psutil.Process(pid).ppid() == warm.process.pid
+    for fd in (0, 1, 2):  # it has the stand-in's standard streams
+        assert os.readlink(f"/proc/{pid}/fd/{fd}") == os.readlink(f"/proc/{stand_in.pid}/fd/{fd}")
+    warm_error = jvm.fail()
+    stand_in.communicate(timeout=30)
+
+    cold_jvm = FakeJvm()
+    try:
+        cold = start_runner(cold_jvm, None)
+        assert cold_jvm.runner_pid() == cold.pid
+        cold_error = cold_jvm.fail()
+        cold.communicate(timeout=60)
+    finally:
+        cold_jvm.close()
+    assert stand_in.returncode == cold.returncode != 0
+    assert "PYTHON_VERSION_MISMATCH" in warm_error
+    assert "PYTHON_VERSION_MISMATCH" in cold_error
+    # the cold runner compiled pyspark from pyspark.zip; the warm one had it imported
+    assert "pyspark.zip" in cold_error
+    assert "pyspark.zip" not in warm_error
+
+
+def test_the_warm_process_forks_single_threaded(warm: WarmStart) -> None:
+    """Its imports (pyarrow, numpy) started no thread: a fork would copy their locks, not
+    them (why Spark's worker daemon imports neither before it forks)."""
+    assert os.listdir(f"/proc/{warm.process.pid}/task") == [str(warm.process.pid)]
+
+
+def test_without_a_warm_process_the_runner_starts_in_the_process_spark_started(
+    tmp_path: Path, jvm: FakeJvm
+) -> None:
+    stand_in = start_runner(jvm, str(tmp_path / "nobody-listens.sock"))
+    assert jvm.runner_pid() == stand_in.pid
+    stand_in.terminate()
+    stand_in.communicate(timeout=30)
+
+
+def test_a_runner_of_another_python_starts_where_spark_started_it(
+    tmp_path: Path, warm: WarmStart, jvm: FakeJvm
+) -> None:
+    """``PYSPARK_PYTHON`` names another Python than the driver's: not the warm process's."""
+    venv = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    stand_in = start_runner(jvm, warm.socket_path, python=str(venv / "bin" / "python"))
+    assert jvm.runner_pid() == stand_in.pid
+    stand_in.terminate()
+    stand_in.communicate(timeout=30)
+
+
+def test_killing_the_stand_in_kills_the_runner(warm: WarmStart, jvm: FakeJvm) -> None:
+    stand_in = start_runner(jvm, warm.socket_path)
+    pid = jvm.runner_pid()
+    stand_in.kill()
+    stand_in.communicate(timeout=30)
+    assert _gone(pid), "the runner outlived its stand-in"
+
+
+def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
+    warm: WarmStart, jvm: FakeJvm
+) -> None:
+    stand_in = start_runner(jvm, warm.socket_path)
+    pid = jvm.runner_pid()
+    stand_in.send_signal(signal.SIGTERM)  # what Spark's stop of a Python worker sends
+    stand_in.communicate(timeout=30)
+    assert _gone(pid)
+    assert stand_in.returncode == -signal.SIGTERM  # as a cold runner's would be
+
+
+def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    own = tmp_path / "site"
+    own.mkdir()
+    marker = tmp_path / "ran"
+    (own / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(own)])}
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    assert marker.exists()
+
+
+@pytest.mark.slow
+def test_a_query_s_runner_is_the_warm_process_s_child_until_the_query_stops(
+    spark: Any, tmp_path: Path
+) -> None:
+    warm = WarmStart.start()
+    assert warm is not None
+    before = {p.pid for p in psutil.Process(warm.process.pid).children()}
+    query = (
+        spark.readStream.format("splitflow-generator")
+        .option("splits", "2")
+        .option("rowsPerSecond", "100")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.get("numInputRows", 0) > 0 for p in query.recentProgress):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "no rows read"
+            time.sleep(0.2)
+        runners = [p for p in psutil.Process(warm.process.pid).children() if p.pid not in before]
+        assert len(runners) == 1
+        runner = runners[0]
+    finally:
+        query.stop()
+    assert _gone(runner.pid, 30), "the runner outlived its query"
