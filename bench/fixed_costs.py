@@ -320,10 +320,11 @@ def main() -> None:
         checkpoints.mkdir()
         started = time.perf_counter()
         spark = local_session()
+        warm = "off" if os.environ.get("SPLITFLOW_WARM_START") == "0" else "on"
         print(
             f"fixed_costs: 2 files x 1,000 rows; 16 files x {big_rows:,} rows; 40 files x 50 "
             f"rows at maxFilesPerTrigger=10; schema '{SCHEMA}'; {rounds} rounds after a "
-            f"warm-up; local[2], pyspark {spark.version}, session started in "
+            f"warm-up; local[2], pyspark {spark.version}, warm start {warm}, session started in "
             f"{time.perf_counter() - started:.1f} s"
         )
         for workload in workloads:  # warm-up: JVM, Python workers, file cache

@@ -200,6 +200,21 @@ def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
     assert stand_in.returncode == -signal.SIGTERM  # as a cold runner's would be
 
 
+def test_without_a_python_to_start_it_there_is_no_warm_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(WarmStart, "_current", None)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    assert WarmStart.start() is None
+    assert "start cold" in caplog.text
+
+
+def test_warm_start_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WarmStart, "_current", None)
+    monkeypatch.setenv("SPLITFLOW_WARM_START", "0")
+    assert WarmStart.start() is None
+
+
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()

@@ -98,12 +98,6 @@ def start_session() -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    try:
-        from splitflow.spark.files import FilesDataSource
-    except ImportError:  # not built yet: only --source spark-files works
-        pass
-    else:
-        spark.dataSource.register(FilesDataSource)
     return spark
 
 

@@ -2,8 +2,9 @@
 
 A connector exposes its Source by subclassing :class:`SplitflowDataSource` (a
 ``pyspark.sql.datasource.DataSource``): ``name()``, ``schema()`` and ``create_source()``.
-Then ``spark.dataSource.register(MySource)`` and ``spark.readStream.format(name)`` or
-``spark.read.format(name)``.
+Then ``splitflow.spark.register(spark, MySource)`` (``spark.dataSource.register`` works too,
+but its streaming queries start their driver-side process cold: :mod:`splitflow.spark.warmstart`)
+and ``spark.readStream.format(name)`` or ``spark.read.format(name)``.
 
 Who runs what (see ``docs/spark.md``):
 

@@ -78,14 +78,21 @@ class WarmStart:
             return current
         if os.environ.get(SWITCH_ENV, "1") == "0" or not sys.platform.startswith("linux"):
             return None
-        directory = tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
-        process = subprocess.Popen(
-            [sys.executable, "-m", __name__, directory],
-            env={**os.environ, **_ONE_THREAD},
-            stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
-            stdout=subprocess.DEVNULL,
-            close_fds=True,
-        )
+        directory = ""
+        try:
+            directory = tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, directory],
+                env={**os.environ, **_ONE_THREAD},
+                stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except OSError as exc:  # no writable temporary directory, no interpreter to run
+            log.warning("splitflow: streaming source runners start cold (no warm start): %s", exc)
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
+            return None
         cls._current = cls(process, directory)
         return cls._current
 
