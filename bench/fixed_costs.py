@@ -159,6 +159,19 @@ def _cpu_since(
     return used
 
 
+def _warm_start() -> str:
+    """Whether splitflow's runners start warm (``splitflow.spark.warmstart``), once its
+    warm process is ready: a run says which way it measured."""
+    from splitflow.spark.warmstart import WarmStart
+
+    warm = WarmStart.start()
+    if warm is None:
+        return "off"
+    if not warm.ready(timeout=60):
+        raise SystemExit("the warm process did not get ready: runners would start cold")
+    return "on"
+
+
 def run_query(
     spark: Any, reader: str, directory: Path, checkpoints: Path, options: dict[str, str]
 ) -> Run:
@@ -320,7 +333,7 @@ def main() -> None:
         checkpoints.mkdir()
         started = time.perf_counter()
         spark = local_session()
-        warm = "off" if os.environ.get("SPLITFLOW_WARM_START") == "0" else "on"
+        warm = _warm_start()
         print(
             f"fixed_costs: 2 files x 1,000 rows; 16 files x {big_rows:,} rows; 40 files x 50 "
             f"rows at maxFilesPerTrigger=10; schema '{SCHEMA}'; {rounds} rounds after a "

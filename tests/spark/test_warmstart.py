@@ -39,11 +39,7 @@ SPARK_ZIPS = sorted(
 def warm() -> WarmStart:
     started = WarmStart.start()
     assert started is not None
-    deadline = time.monotonic() + 60
-    while not os.path.exists(started.socket_path):  # ready once its imports are done
-        assert started.process.poll() is None, "the warm process exited"
-        assert time.monotonic() < deadline, "the warm process did not get ready"
-        time.sleep(0.05)
+    assert started.ready(timeout=60), "the warm process did not get ready"
     return started
 
 
@@ -166,7 +162,23 @@ def test_without_a_warm_process_the_runner_starts_in_the_process_spark_started(
     stand_in = start_runner(jvm, str(tmp_path / "nobody-listens.sock"))
     assert jvm.runner_pid() == stand_in.pid
     stand_in.terminate()
-    stand_in.communicate(timeout=30)
+    _, err = stand_in.communicate(timeout=30)
+    assert b"starts cold" not in err  # not ready yet: the usual start of a first query
+
+
+def test_a_runner_that_cannot_be_handed_over_says_so_and_starts_cold(
+    tmp_path: Path, jvm: FakeJvm
+) -> None:
+    stale = tmp_path / "stale.sock"  # a socket file nobody listens on (a warm process killed)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as left:
+        left.bind(str(stale))
+    stand_in = start_runner(jvm, str(stale))
+    assert jvm.runner_pid() == stand_in.pid
+    stand_in.terminate()
+    _, err = stand_in.communicate(timeout=30)
+    assert "splitflow: the streaming source runner starts cold: ConnectionRefusedError" in (
+        err.decode()
+    )
 
 
 def test_a_runner_of_another_python_starts_where_spark_started_it(

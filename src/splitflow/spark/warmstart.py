@@ -39,6 +39,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -95,6 +96,17 @@ class WarmStart:
             return None
         cls._current = cls(process, directory)
         return cls._current
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether it serves runners (waiting up to ``timeout`` seconds for its imports)."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            if os.path.exists(self.socket_path):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return False
 
     def environment(self) -> dict[str, str]:
         """What a data source's Python processes need in their environment to hand their

@@ -45,7 +45,10 @@ def hand_over(socket_path: str) -> int | None:
         connection.sendall(body)
         answers = connection.makefile("rb")
         pid = int(answers.readline())
-    except (OSError, ValueError):
+    except FileNotFoundError:  # no warm process, or not ready yet
+        pid = 0
+    except (OSError, ValueError) as exc:  # Spark shows a worker's stderr in the driver's log
+        print(f"splitflow: the streaming source runner starts cold: {exc!r}", file=sys.stderr)
         pid = 0
     if not pid:  # no warm process, not ready, or it runs another Python: start here
         connection.close()
