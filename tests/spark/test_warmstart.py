@@ -227,6 +227,19 @@ def test_warm_start_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert WarmStart.start() is None
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_runner_killed_ends_its_stand_in_by_the_same_signal_and_nothing_restarts_it(
+    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals
+) -> None:
+    stand_in = start_runner(jvm, warm.socket_path)
+    os.kill(jvm.runner_pid(), sig)  # the OOM killer, say
+    stand_in.communicate(timeout=30)
+    assert stand_in.returncode == -sig
+    jvm.server.settimeout(1)
+    with pytest.raises(TimeoutError):
+        jvm.server.accept()  # no runner started cold after it
+
+
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()

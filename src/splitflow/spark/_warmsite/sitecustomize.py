@@ -10,6 +10,7 @@ Standard library only, imported on use: every such process pays for this module.
 
 from __future__ import annotations
 
+import io  # loaded at every start anyway (the standard streams)
 import os
 import sys
 
@@ -23,9 +24,7 @@ def hand_over(socket_path: str) -> int | None:
     """Have the warm process at ``socket_path`` run this process's runner; its exit code
     once it exited (killed by a signal, the stand-in is killed by it too), or None when
     nothing was handed over (the runner starts here)."""
-    import contextlib
     import json
-    import signal
     import socket
     import struct
 
@@ -54,6 +53,18 @@ def hand_over(socket_path: str) -> int | None:
         connection.close()
         return None
 
+    try:
+        return _stand_in(pid, answers)
+    except BaseException:  # never start a second runner beside the one handed over
+        os._exit(1)
+
+
+def _stand_in(pid: int, answers: io.BufferedReader) -> int:
+    """Stand in for runner ``pid`` until it exits; its exit code (``answers``: where the warm
+    process tells it)."""
+    import contextlib
+    import signal
+
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
             os.kill(pid, signum)  # Spark stopping the runner: stop the real one
@@ -69,8 +80,10 @@ def hand_over(socket_path: str) -> int | None:
         return 1
     code = int(line)
     if code < 0:  # the runner was killed by a signal: so is its stand-in
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        return 128 - code  # a signal that does not end a process
     return code
 
 
