@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,6 +200,30 @@ def test_killing_the_stand_in_kills_the_runner(warm: WarmStart, jvm: FakeJvm) ->
     stand_in.kill()
     stand_in.communicate(timeout=30)
     assert _gone(pid), "the runner outlived its stand-in"
+
+
+def test_without_pidfd_a_runner_still_dies_with_its_stand_in() -> None:
+    """A kernel before 5.3 has no ``pidfd_open``: the runner looks for its stand-in instead."""
+    script = textwrap.dedent(
+        """
+        import os, subprocess, sys, time
+        from splitflow.spark import warmstart
+
+        def no_pidfd(pid):
+            raise OSError(38, "Function not implemented")
+
+        os.pidfd_open = no_pidfd
+        stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        warmstart._die_with(stand_in.pid)
+        stand_in.kill()
+        stand_in.wait()
+        time.sleep(10)
+        print("outlived its stand-in")
+        """
+    )
+    runner = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert runner.returncode == -signal.SIGKILL, runner.stderr.decode()
+    assert b"outlived" not in runner.stdout
 
 
 def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(

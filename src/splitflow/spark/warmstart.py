@@ -292,12 +292,22 @@ def _die_with(pid: int) -> None:
     import threading
 
     try:
-        handle = os.pidfd_open(pid)
+        handle: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
         os._exit(1)  # gone already: nobody waits for this runner
+    except OSError:  # a kernel before 5.3: look every half second
+        handle = None
 
     def watch() -> None:
-        select.select([handle], [], [])
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="splitflow-stand-in", daemon=True).start()
