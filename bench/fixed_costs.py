@@ -147,7 +147,7 @@ def _runner_alive(before: dict[int, tuple[str, float]]) -> bool:
 
 
 def _cpu_since(
-    before: dict[int, tuple[str, float]], jvms: list[int], ended: float
+    before: dict[int, tuple[str, float]], parents: list[int], ended: float
 ) -> dict[str, float]:
     """CPU seconds since ``before`` by kind, once the query's runner has ended (soon after
     the query): ``jvm``, ``python`` (Spark's Python workers), ``ended`` (the runner)."""
@@ -155,7 +155,7 @@ def _cpu_since(
     while _runner_alive(before) and time.monotonic() < deadline:
         time.sleep(0.05)
     used = spark_cpu_used(before)
-    used["ended"] = _ended_children(jvms) - ended
+    used["ended"] = _ended_children(parents) - ended
     return used
 
 
@@ -189,15 +189,15 @@ def run_query(
     )
     processes = spark_processes()
     # the runner is the JVM's child, or (warm start) the warm process's
-    jvms = [pid for pid, (kind, _) in processes.items() if kind == "jvm"] + warm_processes()
-    ended = _ended_children(jvms)
+    parents = [pid for pid, (kind, _) in processes.items() if kind == "jvm"] + warm_processes()
+    ended = _ended_children(parents)
     began_at = time.time()
     began = time.perf_counter()
     query = writer.start()
     query.awaitTermination()
     seconds = time.perf_counter() - began
     ended_at = began_at + seconds
-    cpu = _cpu_since(processes, jvms, ended)
+    cpu = _cpu_since(processes, parents, ended)
     if query.exception() is not None:
         raise SystemExit(f"{reader} over {directory.name}: the query failed: {query.exception()}")
     progress = [p for p in query.recentProgress if "batchId" in p]

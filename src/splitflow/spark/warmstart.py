@@ -46,13 +46,15 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from splitflow.spark._warmsite.sitecustomize import RUNNER, SOCKET_ENV
+from splitflow.spark._warmsite.sitecustomize import RUNNER, SOCKET_ENV, alive
 
 log = logging.getLogger("splitflow.spark")
 
 SWITCH_ENV = "SPLITFLOW_WARM_START"
 SITE_DIR = str(Path(__file__).with_name("_warmsite"))
 """The directory of the ``sitecustomize`` that hands a runner over to the warm process."""
+_SOCKET = "runner.sock"
+"""The warm process's socket, in its private directory."""
 _HEADER = struct.Struct("!I")
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 """The warm process's environment besides the driver's: numpy's OpenBLAS and pyarrow's
@@ -67,8 +69,7 @@ class WarmStart:
 
     def __init__(self, process: subprocess.Popen[bytes], directory: str) -> None:
         self.process = process
-        self.directory = directory
-        self.socket_path = os.path.join(directory, "runner.sock")
+        self.socket_path = os.path.join(directory, _SOCKET)
 
     @classmethod
     def start(cls) -> WarmStart | None:
@@ -108,11 +109,6 @@ class WarmStart:
             time.sleep(0.05)
         return False
 
-    def environment(self) -> dict[str, str]:
-        """What a data source's Python processes need in their environment to hand their
-        runners over (the ``PYTHONPATH`` entry is put first)."""
-        return {"PYTHONPATH": SITE_DIR, SOCKET_ENV: self.socket_path}
-
 
 @contextmanager
 def registering(spark: Any) -> Iterator[None]:
@@ -130,9 +126,8 @@ def registering(spark: Any) -> Iterator[None]:
         yield
         return
     before = dict(sc.environment)
-    added = warm.environment()
-    path = [added.pop("PYTHONPATH"), *filter(None, [before.get("PYTHONPATH")])]
-    sc.environment.update({**added, "PYTHONPATH": os.pathsep.join(path)})
+    path = [SITE_DIR, *filter(None, [before.get("PYTHONPATH")])]  # the site directory first
+    sc.environment.update({SOCKET_ENV: warm.socket_path, "PYTHONPATH": os.pathsep.join(path)})
     try:
         yield
     finally:
@@ -148,7 +143,7 @@ def _serve(directory: str) -> None:
     end of stdin closes."""
     try:
         if _warm_up():
-            _accept(os.path.join(directory, "runner.sock"))
+            _accept(os.path.join(directory, _SOCKET))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -302,11 +297,7 @@ def _die_with(pid: int) -> None:
         if handle is not None:
             select.select([handle], [], [])
         else:
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
+            while alive(pid):
                 time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -75,7 +75,7 @@ def _stand_in(pid: int, answers: io.BufferedReader) -> int:
     if not line:  # the warm process went away: the runner is nobody's child to wait for
         import time
 
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.1)
         return 1
     code = int(line)
@@ -87,7 +87,8 @@ def _stand_in(pid: int, answers: io.BufferedReader) -> int:
     return code
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie does, until its parent waits for it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
