@@ -65,16 +65,18 @@ WARM = b"splitflow.spark.warmstart"
 
 def is_runner(pid: int) -> bool:
     """Whether ``pid`` is a streaming source runner: the process Spark starts (with
-    splitflow's warm start, a stand-in), or one the warm process forked (a child of it)."""
+    splitflow's warm start, a stand-in), or one the warm process forked (a child of it that
+    is not a worker daemon: a daemon leads a process group of its own)."""
     command = Path(f"/proc/{pid}/cmdline").read_bytes()
     if RUNNER in command:
         return True
-    return WARM in command and WARM in Path(f"/proc/{_stat(pid)[1]}/cmdline").read_bytes()
+    forked = WARM in command and WARM in Path(f"/proc/{_stat(pid)[1]}/cmdline").read_bytes()
+    return forked and os.getpgid(pid) != pid
 
 
 def warm_processes() -> list[int]:
     """This process's warm processes (``splitflow.spark.warmstart``): the parents of the
-    runners they fork, whose CPU time counts in theirs once they ended."""
+    runners and daemons they fork, whose CPU time counts in theirs once they ended."""
     found = []
     for pid in spark_processes():
         try:

@@ -1,10 +1,13 @@
-"""Streaming source runners forked from the driver's warm process (splitflow.spark.warmstart).
+"""Streaming source runners and worker daemons forked from the driver's warm process
+(splitflow.spark.warmstart).
 
 Without Spark: a process started as Spark starts a runner (``python -m
 pyspark.sql.streaming.python_streaming_source_runner``, the warm start's variables in its
 environment) talks to a stand-in for the JVM here, which reads the pid the runner sends
-once connected. With Spark (slow): a real query's runner is the warm process's child, and
-stopping the query ends it.
+once connected; one started as Spark starts a worker daemon (``python -m pyspark.daemon
+MODULE``) tells its port on stdout and forks a worker for each connection. With Spark
+(slow): a real query's runner and its tasks' daemon are the warm process's children, and
+stopping the query ends the runner.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import psutil
 import pyspark
 import pytest
 
-from splitflow.spark.warmstart import RUNNER, SITE_DIR, SOCKET_ENV, WarmStart
+from splitflow.spark._warmsite.sitecustomize import DAEMON, RUNNER
+from splitflow.spark.warmstart import _ONE_THREAD, SITE_DIR, SOCKET_ENV, WarmStart
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -94,23 +98,73 @@ def jvm() -> Iterator[FakeJvm]:
     fake.close()
 
 
-def start_runner(
-    jvm: FakeJvm, socket_path: str | None, python: str = sys.executable
-) -> subprocess.Popen[bytes]:
-    """A runner started as Spark starts one, for a data source registered with warm start
-    (``socket_path``; None: without), by ``python`` (Spark's ``pythonExec``)."""
+def _env(socket_path: str | None, **extra: str) -> dict[str, str]:
+    """The environment Spark gives a Python process of a data source registered with warm
+    start (``socket_path``; None: without)."""
     env = {k: v for k, v in os.environ.items() if k not in (SOCKET_ENV, "PYTHONPATH")}
     env.update(
-        PYTHON_WORKER_FACTORY_PORT=str(jvm.port),
         PYTHON_WORKER_FACTORY_SECRET=SECRET,
         # as Spark puts them; this Python's packages for another Python
         PYTHONPATH=os.pathsep.join([*SPARK_ZIPS, SITE_DIR, sysconfig.get_paths()["purelib"]]),
+        **extra,
     )
     if socket_path is not None:
         env[SOCKET_ENV] = socket_path
+    return env
+
+
+def start_runner(
+    jvm: FakeJvm, socket_path: str | None, python: str = sys.executable
+) -> subprocess.Popen[bytes]:
+    """A runner started as Spark starts one, by ``python`` (Spark's ``pythonExec``)."""
+    env = _env(socket_path, PYTHON_WORKER_FACTORY_PORT=str(jvm.port))
     return subprocess.Popen(
         [python, "-m", RUNNER], env=env, stderr=subprocess.PIPE, cwd=os.getcwd()
     )
+
+
+class Daemon:
+    """A worker daemon started as Spark starts one (``python -m pyspark.daemon MODULE``):
+    it writes its port to stdout, forks a worker for each connection and ends when its
+    stdin closes."""
+
+    def __init__(self, socket_path: str | None, module: str = "pyspark.worker") -> None:
+        self.stand_in = subprocess.Popen(
+            [sys.executable, "-m", DAEMON, module],
+            env=_env(socket_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert self.stand_in.stdout is not None
+        (self.port,) = struct.unpack("!i", self.stand_in.stdout.read(4))
+        self.workers: list[socket.socket] = []
+
+    def worker(self) -> int:
+        """Connect as Spark does; the pid of the worker forked for the connection."""
+        connection = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        self.workers.append(connection)
+        (pid,) = struct.unpack("!i", _read(connection, 4))
+        connection.sendall(struct.pack("!i", len(SECRET)) + SECRET.encode())
+        (size,) = struct.unpack("!i", _read(connection, 4))
+        assert _read(connection, size) == b"ok"
+        return int(pid)
+
+    def close(self) -> None:
+        for connection in self.workers:
+            connection.close()
+        if self.stand_in.poll() is None:
+            self.stand_in.kill()
+        self.stand_in.wait(timeout=30)
+        for stream in (self.stand_in.stdin, self.stand_in.stdout, self.stand_in.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _has_pyarrow(pid: int) -> bool:
+    """Whether process ``pid`` has pyarrow's library loaded (imported it, or its parent did
+    before it forked)."""
+    return "libarrow" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
@@ -202,28 +256,40 @@ def test_killing_the_stand_in_kills_the_runner(warm: WarmStart, jvm: FakeJvm) ->
     assert _gone(pid), "the runner outlived its stand-in"
 
 
-def test_without_pidfd_a_runner_still_dies_with_its_stand_in() -> None:
-    """A kernel before 5.3 has no ``pidfd_open``: the runner looks for its stand-in instead."""
+def test_without_pidfd_a_runner_still_dies_with_its_stand_in(tmp_path: Path, jvm: FakeJvm) -> None:
+    """A kernel before 5.3 has no ``pidfd_open``: the warm process looks for each stand-in
+    every half second instead."""
     script = textwrap.dedent(
-        """
-        import os, subprocess, sys, time
+        f"""
+        import os
         from splitflow.spark import warmstart
 
         def no_pidfd(pid):
             raise OSError(38, "Function not implemented")
 
         os.pidfd_open = no_pidfd
-        stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        warmstart._die_with(stand_in.pid)
-        stand_in.kill()
-        stand_in.wait()
-        time.sleep(10)
-        print("outlived its stand-in")
+        warmstart.main([{str(tmp_path)!r}])
         """
     )
-    runner = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
-    assert runner.returncode == -signal.SIGKILL, runner.stderr.decode()
-    assert b"outlived" not in runner.stdout
+    env = {**os.environ, **_ONE_THREAD}
+    warm = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, env=env)
+    try:
+        socket_path = tmp_path / "runner.sock"
+        deadline = time.monotonic() + 60
+        while not socket_path.exists():
+            assert warm.poll() is None
+            assert time.monotonic() < deadline, "not ready"
+            time.sleep(0.05)
+        stand_in = start_runner(jvm, str(socket_path))
+        pid = jvm.runner_pid()
+        assert psutil.Process(pid).ppid() == warm.pid
+        stand_in.kill()
+        stand_in.wait(timeout=30)  # reaped, as the JVM reaps its children: a zombie lives
+        assert _gone(pid, 5), "the runner outlived its stand-in"
+        stand_in.communicate(timeout=30)
+    finally:
+        warm.kill()
+        warm.wait()
 
 
 def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
@@ -265,6 +331,71 @@ def test_a_runner_killed_ends_its_stand_in_by_the_same_signal_and_nothing_restar
         jvm.server.accept()  # no runner started cold after it
 
 
+def test_a_daemon_is_forked_warm_and_forks_workers_with_everything_imported(
+    warm: WarmStart,
+) -> None:
+    daemon = Daemon(warm.socket_path)
+    cold = Daemon(None)
+    try:
+        worker = daemon.worker()
+        forked = psutil.Process(worker).ppid()
+        assert forked != daemon.stand_in.pid, "the daemon ran in the process Spark started"
+        assert psutil.Process(forked).ppid() == warm.process.pid
+        assert _has_pyarrow(worker)
+        cold_worker = cold.worker()
+        assert psutil.Process(cold_worker).ppid() == cold.stand_in.pid
+        assert not _has_pyarrow(cold_worker)  # it imports pyarrow itself, later
+        assert os.listdir(f"/proc/{forked}/task") == [str(forked)]  # forks single-threaded
+    finally:
+        daemon.close()
+        cold.close()
+
+
+@pytest.mark.parametrize("stop", ["stdin", "SIGTERM"])
+def test_a_daemon_stops_as_a_cold_one_and_takes_its_workers_along(
+    warm: WarmStart, stop: str
+) -> None:
+    """Spark stops a daemon by closing its stdin (the JVM exits) or with SIGTERM."""
+    codes = []
+    for socket_path in (warm.socket_path, None):
+        daemon = Daemon(socket_path)
+        try:
+            worker = daemon.worker()
+            forked = psutil.Process(worker).ppid()
+            assert daemon.stand_in.stdin is not None
+            if stop == "stdin":
+                daemon.stand_in.stdin.close()
+            else:
+                daemon.stand_in.terminate()
+            daemon.stand_in.wait(timeout=30)
+            codes.append(daemon.stand_in.returncode)
+            assert _gone(forked)
+            assert _gone(worker)
+        finally:
+            daemon.close()
+    warm_code, cold_code = codes
+    assert warm_code == cold_code
+
+
+def test_a_runner_waits_for_a_warm_process_still_importing(
+    monkeypatch: pytest.MonkeyPatch, jvm: FakeJvm
+) -> None:
+    """The query that follows ``register`` at once: its runner is forked warm all the same."""
+    monkeypatch.setattr(WarmStart, "_current", None)
+    starting = WarmStart.start()
+    assert starting is not None
+    try:
+        assert not starting.ready(), "ready at once: nothing to wait for"
+        stand_in = start_runner(jvm, starting.socket_path)
+        pid = jvm.runner_pid()
+        assert psutil.Process(pid).ppid() == starting.process.pid
+        stand_in.terminate()
+        stand_in.communicate(timeout=30)
+    finally:
+        starting.process.kill()
+        starting.process.wait()
+
+
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()
@@ -276,12 +407,21 @@ def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_query_s_runner_is_the_warm_process_s_child_until_the_query_stops(
+def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
     spark: Any, tmp_path: Path
 ) -> None:
+    """The runner ends when the query stops; the daemons (each its own process group, as
+    Spark's daemon makes itself) stay for the session, the tasks' one with its workers."""
     warm = WarmStart.start()
     assert warm is not None
-    before = {p.pid for p in psutil.Process(warm.process.pid).children()}
+
+    def children() -> tuple[set[int], set[int]]:
+        """The warm process's children: runners, and daemons."""
+        pids = {p.pid for p in psutil.Process(warm.process.pid).children()}
+        daemons = {pid for pid in pids if os.getpgid(pid) == pid}
+        return pids - daemons, daemons
+
+    runners_before, _ = children()
     query = (
         spark.readStream.format("splitflow-generator")
         .option("splits", "2")
@@ -298,9 +438,11 @@ def test_a_query_s_runner_is_the_warm_process_s_child_until_the_query_stops(
             assert query.exception() is None, query.exception()
             assert time.monotonic() < deadline, "no rows read"
             time.sleep(0.2)
-        runners = [p for p in psutil.Process(warm.process.pid).children() if p.pid not in before]
-        assert len(runners) == 1
-        runner = runners[0]
+        runners, daemons = children()
+        assert len(runners - runners_before) == 1
+        (runner,) = runners - runners_before
+        workers = [w.pid for d in daemons for w in psutil.Process(d).children()]
+        assert workers, "no daemon of the warm process forked the tasks' workers"
     finally:
         query.stop()
-    assert _gone(runner.pid, 30), "the runner outlived its query"
+    assert _gone(runner, 30), "the runner outlived its query"

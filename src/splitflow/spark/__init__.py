@@ -50,8 +50,9 @@ def __getattr__(name: str) -> Any:
 def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
     """Register ``data_sources`` (default: the built-in ones) with a Spark session.
 
-    Their streaming queries start their driver-side Python process from a warm one
-    (:mod:`splitflow.spark.warmstart`; ``SPLITFLOW_WARM_START=0`` turns that off).
+    Their streaming queries' driver-side Python process and the Python worker daemons on the
+    driver's machine are forked from a warm one (:mod:`splitflow.spark.warmstart`;
+    ``SPLITFLOW_WARM_START=0`` turns that off).
     """
     from splitflow.spark.warmstart import registering
 

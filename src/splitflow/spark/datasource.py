@@ -3,7 +3,7 @@
 A connector exposes its Source by subclassing :class:`SplitflowDataSource` (a
 ``pyspark.sql.datasource.DataSource``): ``name()``, ``schema()`` and ``create_source()``.
 Then ``splitflow.spark.register(spark, MySource)`` (``spark.dataSource.register`` works too,
-but its streaming queries start their driver-side process cold: :mod:`splitflow.spark.warmstart`)
+but the Python processes Spark starts for it start cold: :mod:`splitflow.spark.warmstart`)
 and ``spark.readStream.format(name)`` or ``spark.read.format(name)``.
 
 Who runs what (see ``docs/spark.md``):

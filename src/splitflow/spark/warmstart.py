@@ -1,29 +1,39 @@
-"""Streaming source runners forked from a warm process instead of started cold.
+"""Streaming source runners and Python worker daemons forked from a warm process instead of
+started cold.
 
 For every streaming query, Spark starts a new ``python -m
 pyspark.sql.streaming.python_streaming_source_runner`` on the driver and waits for it before
 the first trigger. That interpreter imports pyspark from ``pyspark.zip`` (first on its
 ``PYTHONPATH``, with no bytecode inside, so every module is compiled from source), pandas,
 pyarrow and the connector: about a second of CPU per query start, against 0.07 s for the
-start of Spark's own file source (``bench/fixed_costs.py``).
+start of Spark's own file source (``bench/fixed_costs.py``). The first query of an
+application also starts a Python worker daemon (``python -m pyspark.daemon MODULE``) for
+each kind of Python process it needs: one to create the data source (``load()``), one to
+plan its read, one for the tasks that read. Each compiles pyspark from ``pyspark.zip``
+too, and each worker it forks imports pyarrow and the connector anew
+(``bench/first_query.py``).
 
 :func:`splitflow.spark.register` starts one *warm process* per driver process: it imports
 all of that once, then waits on a private Unix socket. The splitflow data sources are
 registered with two environment variables for their Python processes: ``PYTHONPATH`` gets
 a directory holding a ``sitecustomize`` module, and :data:`SOCKET_ENV` names the socket.
-When Spark starts a runner for one of them, that ``sitecustomize`` (which Python runs
-before the runner module) hands the process's standard streams, arguments, environment,
-working directory and ``sys.path`` to the warm process, which forks a child that runs the
-runner module with them. The started process stays as the child's stand-in for Spark: it
-passes on the signals Spark sends it (stopping a query) and exits with the child's status,
-and the child ends when it ends (killed, say).
-Any other Python process (Spark's worker daemon, the planning workers) goes on as usual,
-as does a runner when the warm process is not there or not ready: it starts cold, as
-without this module. The next ``sitecustomize`` on the path (the environment's own) runs
-in every process that does not hand over.
+When Spark starts a runner or a daemon for one of them on a machine where the socket is
+(the driver's: local mode, or a cluster's worker on the same machine), that
+``sitecustomize`` (which Python runs before the module) hands the process's standard
+streams, arguments, environment, working directory and ``sys.path`` to the warm process,
+which forks a child that runs the module with them; a daemon's workers are forked from that
+child, with everything imported. The started process stays as the child's stand-in for
+Spark: it passes on the signals Spark sends it (stopping a query, a daemon) and exits with
+the child's status, and the warm process kills the child when the stand-in ends (killed,
+say). A process that finds the warm process still importing waits for it, up to
+:data:`~splitflow.spark._warmsite.sitecustomize.WAIT` seconds.
+Any other Python process goes on as usual, as do a runner or daemon when the warm process
+is not there (another machine) or not ready: they start cold, as without this module. The
+next ``sitecustomize`` on the path (the environment's own) runs in every process that does
+not hand over.
 
-Linux only (it forks a process that imported pyarrow and numpy, as Spark's worker daemon
-does). ``SPLITFLOW_WARM_START=0`` in the driver's environment turns it off.
+Linux only (it forks a process that imported pyarrow and numpy; see :data:`_ONE_THREAD`).
+``SPLITFLOW_WARM_START=0`` in the driver's environment turns it off.
 """
 
 from __future__ import annotations
@@ -41,25 +51,33 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from splitflow.spark._warmsite.sitecustomize import RUNNER, SOCKET_ENV, alive
+from splitflow.spark._warmsite.sitecustomize import HANDED, PID_FILE, SOCKET_ENV, alive
 
 log = logging.getLogger("splitflow.spark")
 
 SWITCH_ENV = "SPLITFLOW_WARM_START"
 SITE_DIR = str(Path(__file__).with_name("_warmsite"))
-"""The directory of the ``sitecustomize`` that hands a runner over to the warm process."""
+"""The directory of the ``sitecustomize`` that hands a process over to the warm process."""
 _SOCKET = "runner.sock"
 """The warm process's socket, in its private directory."""
 _HEADER = struct.Struct("!I")
+_WORKERS = (
+    "pyspark.worker",
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+)
+"""What the daemons of a Python data source run in the workers they fork (besides its own
+module): imported by the warm process, so no worker imports them."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 """The warm process's environment besides the driver's: numpy's OpenBLAS and pyarrow's
 jemalloc start no thread of their own, so that the process that forks is single-threaded
-(why Spark's worker daemon imports neither before it forks)."""
+(why Spark's worker daemon imports neither before it forks), and so are the daemons it
+forks, which fork workers in turn."""
 
 
 class WarmStart:
@@ -95,6 +113,8 @@ class WarmStart:
             if directory:
                 shutil.rmtree(directory, ignore_errors=True)
             return None
+        with suppress(OSError):  # gone already: the processes it would serve start cold
+            Path(directory, PID_FILE).write_text(str(process.pid))
         cls._current = cls(process, directory)
         return cls._current
 
@@ -139,8 +159,8 @@ def registering(spark: Any) -> Iterator[None]:
 
 
 def _serve(directory: str) -> None:
-    """Import what a runner imports, then fork a runner for each request until the driver's
-    end of stdin closes."""
+    """Import what the runners and daemons import, then fork one for each request until the
+    driver's end of stdin closes."""
     try:
         if _warm_up():
             _accept(os.path.join(directory, _SOCKET))
@@ -149,52 +169,93 @@ def _serve(directory: str) -> None:
 
 
 def _warm_up() -> bool:
-    """Import what the runners need; whether this process may fork them."""
-    __import__(RUNNER)
+    """Import what the runners, daemons and workers need; whether this process may fork."""
+    for module in (*HANDED, *_WORKERS):
+        __import__(module)
     import splitflow.spark
 
     splitflow.spark.built_in()  # every built-in connector, so no child imports one
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:  # a fork copies no thread but their locks: runners start cold
         log.warning(
-            "splitflow: streaming source runners start cold (no warm start): an import "
+            "splitflow: streaming source runners and worker daemons start cold (no warm "
+            "start): an import "
             "started %d threads in the process that would fork them",
             threads - 1,
         )
     return threads == 1
 
 
+class _Child:
+    """A runner or daemon forked for a stand-in, and how the stand-in is watched."""
+
+    def __init__(self, connection: socket.socket, stand_in: int) -> None:
+        self.connection = connection
+        self.stand_in = stand_in
+        try:
+            self.handle: int | None = os.pidfd_open(stand_in)
+        except ProcessLookupError:
+            self.handle = None  # gone already: the next look finds it so
+        except OSError:  # a kernel before 5.3: looked for every half second
+            self.handle = None
+        self.looked = time.monotonic()
+        self.killed = False  # killed since its stand-in ended
+
+    def stand_in_gone(self, readable: list[Any]) -> bool:
+        """Whether the stand-in ended (its pidfd readable, or not found when looked for)."""
+        if self.handle is not None:
+            return self.handle in readable
+        now = time.monotonic()
+        if now - self.looked < 0.5:
+            return False
+        self.looked = now
+        return not alive(self.stand_in)
+
+    def close(self) -> None:
+        self.connection.close()
+        if self.handle is not None:
+            os.close(self.handle)
+            self.handle = None
+
+
 def _accept(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
     listener.listen(16)
-    os.rename(path + ".new", path)  # ready: a runner that finds the socket is served
-    children: dict[int, socket.socket] = {}
+    os.rename(path + ".new", path)  # ready: a process that finds the socket is served
+    children: dict[int, _Child] = {}
     try:
         while True:
-            ready, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+            watched = [c for c in children.values() if not c.killed]
+            handles = [c.handle for c in watched if c.handle is not None]
+            ready, _, _ = select.select([listener, sys.stdin, *handles], [], [], 0.05)
             if sys.stdin in ready and not os.read(sys.stdin.fileno(), 512):
                 return  # the driver exited
             if listener in ready:
                 connection, _ = listener.accept()
                 try:
-                    pid = _fork(connection, [listener, *children.values()])
-                    if pid:
-                        children[pid] = connection
-                    else:
+                    forked = _fork(connection, listener, children.values())
+                    if forked is None:
                         connection.close()
+                    else:
+                        children[forked[0]] = _Child(connection, forked[1])
                 except Exception:
-                    log.exception("splitflow: the warm process could not start a runner")
+                    log.exception("splitflow: the warm process could not start a process")
                     connection.close()
+            for pid, child in children.items():
+                if not child.killed and child.stand_in_gone(ready):  # Spark's process killed
+                    child.killed = True
+                    with suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             _reap(children)
     finally:
         listener.close()
-        for connection in children.values():
-            connection.close()
+        for child in children.values():
+            child.close()
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
-    """Tell each stand-in whose runner exited its exit status."""
+def _reap(children: dict[int, _Child]) -> None:
+    """Tell each stand-in whose process exited its exit status."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -202,50 +263,55 @@ def _reap(children: dict[int, socket.socket]) -> None:
             return
         if pid == 0:
             return
-        connection = children.pop(pid, None)
-        if connection is not None:
+        child = children.pop(pid, None)
+        if child is not None:
             with suppress(OSError):  # the stand-in is gone: nobody waits for the status
-                connection.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
-            connection.close()
+                child.connection.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+            child.close()
 
 
 def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """A stand-in's request: its streams' descriptors, and what else the runner needs."""
+    """A stand-in's request: its streams' descriptors, and what else its process needs."""
     header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
     if len(header) != _HEADER.size or len(fds) != 3:
         for fd in fds:
             os.close(fd)
-        raise ConnectionError("a runner's request without its header or its three streams")
+        raise ConnectionError("a request without its header or its three streams")
     (size,) = _HEADER.unpack(header)
     body = b""
     while len(body) < size:
         chunk = connection.recv(size - len(body))
         if not chunk:
-            raise ConnectionError("a runner's request ended early")
+            raise ConnectionError("a request ended early")
         body += chunk
     request: dict[str, Any] = json.loads(body)
     return request, fds
 
 
-def _fork(connection: socket.socket, others: list[socket.socket]) -> int:
-    """Fork a runner for the request on ``connection``; its pid (sent to the stand-in), or 0
-    when the stand-in runs another Python than this one (it starts the runner itself).
-    ``others``: the warm process's sockets, which the runner closes."""
+def _fork(
+    connection: socket.socket, listener: socket.socket, children: Iterable[_Child]
+) -> tuple[int, int] | None:
+    """Fork the process the request on ``connection`` asks for; its pid (sent to the
+    stand-in) and the stand-in's, or None when the stand-in runs another Python than this
+    one (it starts the process itself). The child closes the warm process's ``listener``
+    and what it holds for its other ``children``."""
     request, fds = _receive(connection)
-    if request["python"] != [sys.prefix, sys.version]:  # PYSPARK_PYTHON is another Python
-        for fd in fds:
+    if request["python"] != [sys.prefix, sys.version] or request["module"] not in HANDED:
+        for fd in fds:  # PYSPARK_PYTHON is another Python: start it there, cold
             os.close(fd)
-        connection.sendall(b"0\n")  # start it there, cold
-        return 0
+        connection.sendall(b"0\n")
+        return None
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    if pid == 0:  # the runner
+    if pid == 0:  # the runner or daemon
         code = 1
         try:
-            for held in (connection, *others):
-                held.close()
-            _become_runner(request, fds)
+            connection.close()
+            listener.close()
+            for child in children:
+                child.close()
+            _become(request, fds)
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
@@ -259,11 +325,11 @@ def _fork(connection: socket.socket, others: list[socket.socket]) -> int:
     for fd in fds:
         os.close(fd)
     connection.sendall(b"%d\n" % pid)
-    return pid
+    return pid, int(request["pid"])
 
 
-def _become_runner(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: take the stand-in's streams and settings, run the runner."""
+def _become(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: take the stand-in's streams and settings, run its module."""
     import runpy
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
@@ -272,36 +338,14 @@ def _become_runner(request: dict[str, Any], fds: list[int]) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    _die_with(int(request["pid"]))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[:] = request["path"]
-    sys.modules.pop(RUNNER, None)  # imported to warm up; run anew as __main__
-    runpy.run_module(RUNNER, run_name="__main__", alter_sys=True)
-
-
-def _die_with(pid: int) -> None:
-    """End this process as soon as process ``pid`` (the stand-in) ends: killing what Spark
-    sees as the runner kills the runner."""
-    import threading
-
-    try:
-        handle: int | None = os.pidfd_open(pid)
-    except ProcessLookupError:
-        os._exit(1)  # gone already: nobody waits for this runner
-    except OSError:  # a kernel before 5.3: look every half second
-        handle = None
-
-    def watch() -> None:
-        if handle is not None:
-            select.select([handle], [], [])
-        else:
-            while alive(pid):
-                time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="splitflow-stand-in", daemon=True).start()
+    module = request["module"]
+    sys.argv[:] = [module, *request["args"]]  # run_module puts the module's file first
+    sys.modules.pop(module, None)  # imported to warm up; run anew as __main__
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def main(argv: list[str]) -> None:

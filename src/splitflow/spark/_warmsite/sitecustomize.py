@@ -1,9 +1,9 @@
 """Run by Python at the start of every Python process Spark starts for a splitflow data
-source (its directory is on their ``PYTHONPATH``): a streaming source runner is handed to
-the driver's warm process (:mod:`splitflow.spark.warmstart`), which forks it with pyspark,
-pandas, pyarrow and splitflow already imported; this process stands in for it until it
-exits. Any other process, or a runner that cannot be handed over, goes on as usual, after
-the environment's own ``sitecustomize`` (the next one on ``sys.path``).
+source (its directory is on their ``PYTHONPATH``): a streaming source runner or a Python
+worker daemon is handed to the driver's warm process (:mod:`splitflow.spark.warmstart`),
+which forks it with pyspark, pandas, pyarrow and splitflow already imported; this process
+stands in for it until it exits. Any other process, or one that cannot be handed over, goes
+on as usual, after the environment's own ``sitecustomize`` (the next one on ``sys.path``).
 
 Standard library only, imported on use: every such process pays for this module.
 """
@@ -16,25 +16,37 @@ import sys
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 """The module Spark runs as a streaming source's driver-side process."""
+DAEMON = "pyspark.daemon"
+"""The module Spark runs as the daemon that forks Python workers (for tasks and planning)."""
+HANDED = {RUNNER: "the streaming source runner", DAEMON: "the Python worker daemon"}
+"""The modules handed to the warm process (``python -m MODULE ...``), and what they are."""
 SOCKET_ENV = "SPLITFLOW_WARM_RUNNER_SOCKET"
 """The warm process's socket (set by ``splitflow.spark.register``)."""
+PID_FILE = "pid"
+"""The warm process's pid, in its socket's directory (written by the driver that starts it)."""
+WAIT = 5.0
+"""Seconds a process waits for a warm process that is still importing (then starts cold),
+well inside Spark's wait for a Python worker to connect."""
 
 
-def hand_over(socket_path: str) -> int | None:
-    """Have the warm process at ``socket_path`` run this process's runner; its exit code
-    once it exited (killed by a signal, the stand-in is killed by it too), or None when
-    nothing was handed over (the runner starts here)."""
+def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
+    """Have the warm process at ``socket_path`` run ``python -m module *args`` for this
+    process; its exit code once it exited (killed by a signal, the stand-in is killed by it
+    too), or None when nothing was handed over (it starts here)."""
     import json
     import socket
     import struct
 
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        _wait_ready(socket_path)
         connection.connect(socket_path)
-        # What `python -m` would give the runner: the working directory first on its path.
+        # What `python -m` would give the module: the working directory first on its path.
         request = {
             "pid": os.getpid(),
             "python": [sys.prefix, sys.version],  # the warm process runs only its own
+            "module": module,
+            "args": args,
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "path": [os.getcwd(), *sys.path],
@@ -44,10 +56,10 @@ def hand_over(socket_path: str) -> int | None:
         connection.sendall(body)
         answers = connection.makefile("rb")
         pid = int(answers.readline())
-    except FileNotFoundError:  # no warm process, or not ready yet
+    except FileNotFoundError:  # no warm process
         pid = 0
     except (OSError, ValueError) as exc:  # Spark shows a worker's stderr in the driver's log
-        print(f"splitflow: the streaming source runner starts cold: {exc!r}", file=sys.stderr)
+        print(f"splitflow: {HANDED[module]} starts cold: {exc!r}", file=sys.stderr)
         pid = 0
     if not pid:  # no warm process, not ready, or it runs another Python: start here
         connection.close()
@@ -87,6 +99,22 @@ def _stand_in(pid: int, answers: io.BufferedReader) -> int:
     return code
 
 
+def _wait_ready(socket_path: str) -> None:
+    """Wait up to :data:`WAIT` seconds while the warm process lives but is not ready yet
+    (its socket appears once it is): the query that follows ``register`` at once finds it
+    still importing, and a process started cold here would compete with it for the CPU."""
+    import time
+
+    try:
+        with open(os.path.join(os.path.dirname(socket_path), PID_FILE)) as file:
+            pid = int(file.read())
+    except (OSError, ValueError):
+        return  # none started (or gone): connecting says so
+    deadline = time.monotonic() + WAIT
+    while not os.path.exists(socket_path) and alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists (a zombie does, until its parent waits for it)."""
     try:
@@ -113,10 +141,20 @@ def _next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
+def _module() -> tuple[str, list[str]] | None:
+    """The module this process runs and its arguments, when it is one to hand over (Spark
+    starts them as ``PYTHON_EXEC -m MODULE ARGS...``)."""
+    argv = sys.orig_argv
+    if len(argv) < 3 or argv[1] != "-m" or argv[2] not in HANDED:
+        return None
+    return argv[2], argv[3:]
+
+
 if __name__ == "sitecustomize":  # not when imported as splitflow.spark._warmsite.sitecustomize
     _socket = os.environ.get(SOCKET_ENV)
-    if _socket and sys.orig_argv[-2:] == ["-m", RUNNER]:
-        _code = hand_over(_socket)
+    _run = _module() if _socket else None
+    if _socket and _run is not None:
+        _code = hand_over(_socket, *_run)
         if _code is not None:
             os._exit(_code)
     _next_sitecustomize()
