@@ -248,6 +248,21 @@ def test_a_runner_of_another_python_starts_where_spark_started_it(
     stand_in.communicate(timeout=30)
 
 
+def test_a_runner_keeps_the_string_hashing_spark_gave_it(
+    warm: WarmStart, jvm: FakeJvm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's Python processes get ``PYTHONHASHSEED`` (the driver's, or 0), which Python
+    reads only when it starts: the warm process starts with it, and a process that asks for
+    another starts cold."""
+    environ = Path(f"/proc/{warm.process.pid}/environ").read_bytes().split(b"\0")
+    assert f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '0')}".encode() in environ
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    stand_in = start_runner(jvm, warm.socket_path)
+    assert jvm.runner_pid() == stand_in.pid
+    stand_in.terminate()
+    stand_in.communicate(timeout=30)
+
+
 def test_killing_the_stand_in_kills_the_runner(warm: WarmStart, jvm: FakeJvm) -> None:
     stand_in = start_runner(jvm, warm.socket_path)
     pid = jvm.runner_pid()

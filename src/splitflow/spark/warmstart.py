@@ -73,6 +73,10 @@ _WORKERS = (
 )
 """What the daemons of a Python data source run in the workers they fork (besides its own
 module): imported by the warm process, so no worker imports them."""
+_SEED = "PYTHONHASHSEED"
+"""Read by Python only when it starts: the processes Spark starts get the driver's, or "0"
+(pyspark's ``SparkContext`` puts it in their environment), and so does the warm process,
+whose children hash strings as it does."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 """The warm process's environment besides the driver's: numpy's OpenBLAS and pyarrow's
 jemalloc start no thread of their own, so that the process that forks is single-threaded
@@ -103,7 +107,7 @@ class WarmStart:
             directory = tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
             process = subprocess.Popen(
                 [sys.executable, "-m", __name__, directory],
-                env={**os.environ, **_ONE_THREAD},
+                env={**os.environ, **_ONE_THREAD, _SEED: os.environ.get(_SEED, "0")},
                 stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
                 stdout=subprocess.DEVNULL,
                 close_fds=True,
@@ -293,11 +297,16 @@ def _fork(
 ) -> tuple[int, int] | None:
     """Fork the process the request on ``connection`` asks for; its pid (sent to the
     stand-in) and the stand-in's, or None when the stand-in runs another Python than this
-    one (it starts the process itself). The child closes the warm process's ``listener``
-    and what it holds for its other ``children``."""
+    one or another ``PYTHONHASHSEED`` (it starts the process itself). The child closes the
+    warm process's ``listener`` and what it holds for its other ``children``."""
     request, fds = _receive(connection)
-    if request["python"] != [sys.prefix, sys.version] or request["module"] not in HANDED:
-        for fd in fds:  # PYSPARK_PYTHON is another Python: start it there, cold
+    seed = request["env"].get(_SEED, "random")
+    if (
+        request["python"] != [sys.prefix, sys.version]  # PYSPARK_PYTHON is another Python
+        or request["module"] not in HANDED
+        or seed not in ("random", os.environ.get(_SEED))  # it must hash strings otherwise
+    ):
+        for fd in fds:  # start it there, cold
             os.close(fd)
         connection.sendall(b"0\n")
         return None
