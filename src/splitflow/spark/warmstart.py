@@ -180,11 +180,10 @@ def _warm_up() -> bool:
 
     splitflow.spark.built_in()  # every built-in connector, so no child imports one
     threads = len(os.listdir("/proc/self/task"))
-    if threads > 1:  # a fork copies no thread but their locks: runners start cold
+    if threads > 1:  # a fork copies no thread but their locks: all start cold
         log.warning(
             "splitflow: streaming source runners and worker daemons start cold (no warm "
-            "start): an import "
-            "started %d threads in the process that would fork them",
+            "start): an import started %d threads in the process that would fork them",
             threads - 1,
         )
     return threads == 1
