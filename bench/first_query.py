@@ -84,13 +84,13 @@ def job(way: str, directory: str) -> dict[str, float]:
         frame = stream.format("splitflow-files").option("format", "parquet").load(directory)
     loaded = time.perf_counter()
     with tempfile.TemporaryDirectory() as checkpoint:
-        query = (
+        writer = (
             frame.writeStream.format("noop")
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
-            .start()
         )
         started_at = time.time()
+        query = writer.start()
         query.awaitTermination()
         ended = time.perf_counter()
         progress = [p for p in query.recentProgress if "batchId" in p]
