@@ -289,13 +289,9 @@ def test_without_pidfd_a_runner_still_dies_with_its_stand_in(tmp_path: Path, jvm
     env = {**os.environ, **_ONE_THREAD}
     warm = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, env=env)
     try:
-        socket_path = tmp_path / "runner.sock"
-        deadline = time.monotonic() + 60
-        while not socket_path.exists():
-            assert warm.poll() is None
-            assert time.monotonic() < deadline, "not ready"
-            time.sleep(0.05)
-        stand_in = start_runner(jvm, str(socket_path))
+        served = WarmStart(warm, str(tmp_path))
+        assert served.ready(timeout=60), "not ready"
+        stand_in = start_runner(jvm, served.socket_path)
         pid = jvm.runner_pid()
         assert psutil.Process(pid).ppid() == warm.pid
         stand_in.kill()

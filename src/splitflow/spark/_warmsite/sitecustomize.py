@@ -67,31 +67,31 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
 
     try:
         return _stand_in(pid, answers)
-    except BaseException:  # never start a second runner beside the one handed over
+    except BaseException:  # never start a second one beside the one handed over
         os._exit(1)
 
 
 def _stand_in(pid: int, answers: io.BufferedReader) -> int:
-    """Stand in for runner ``pid`` until it exits; its exit code (``answers``: where the warm
-    process tells it)."""
+    """Stand in for process ``pid`` (the runner or daemon forked for this one) until it exits;
+    its exit code (``answers``: where the warm process tells it)."""
     import contextlib
     import signal
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-            os.kill(pid, signum)  # Spark stopping the runner: stop the real one
+            os.kill(pid, signum)  # Spark stopping this process: stop the real one
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     line = answers.readline()
-    if not line:  # the warm process went away: the runner is nobody's child to wait for
+    if not line:  # the warm process went away: the process is nobody's child to wait for
         import time
 
         while alive(pid):
             time.sleep(0.1)
         return 1
     code = int(line)
-    if code < 0:  # the runner was killed by a signal: so is its stand-in
+    if code < 0:  # the process was killed by a signal: so is its stand-in
         with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
