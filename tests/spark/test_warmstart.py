@@ -12,7 +12,9 @@ stopping the query ends the runner.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -30,7 +32,13 @@ import pyspark
 import pytest
 
 from splitflow.spark._warmsite.sitecustomize import DAEMON, RUNNER
-from splitflow.spark.warmstart import _ONE_THREAD, SITE_DIR, SOCKET_ENV, WarmStart
+from splitflow.spark.warmstart import (
+    _CANNOT_FORK,
+    _ONE_THREAD,
+    SITE_DIR,
+    SOCKET_ENV,
+    WarmStart,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -41,11 +49,37 @@ SPARK_ZIPS = sorted(
 
 
 @pytest.fixture(scope="module")
-def warm() -> WarmStart:
-    started = WarmStart.start()
-    assert started is not None
-    assert started.ready(timeout=60), "the warm process did not get ready"
-    return started
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmStart]:
+    """A warm process of this module's own (the driver's serves the Spark tests' sources)."""
+    started = WarmStart.launch(str(tmp_path_factory.mktemp("warm")))
+    assert started.ready(timeout=60), f"the warm process did not get ready: {_state(started)}"
+    yield started
+    assert started.process.stdin is not None
+    started.process.stdin.close()  # as when the driver exits
+    assert started.process.wait(timeout=30) == 0
+
+
+def _state(warm: WarmStart) -> str:
+    """What a warm process that does not serve is doing: its exit code, or where it waits
+    (from /proc), and what its directory holds."""
+    pid = warm.process.pid
+    if warm.process.poll() is not None:
+        state = f"exit code {warm.process.returncode}"
+    else:
+        proc = Path(f"/proc/{pid}")
+        status = [
+            line
+            for line in (proc / "status").read_text().splitlines()
+            if line[:6] in ("State:", "Thread")
+        ]
+        state = f"{status}, wchan {(proc / 'wchan').read_text()!r}"
+        with contextlib.suppress(OSError):  # root only
+            state += f", kernel stack {(proc / 'stack').read_text()!r}"
+    try:
+        held = sorted(os.listdir(warm.directory))
+    except OSError as exc:
+        held = [repr(exc)]
+    return f"pid {pid}: {state}; {warm.directory}: {held}"
 
 
 class FakeJvm:
@@ -407,6 +441,54 @@ def test_a_runner_waits_for_a_warm_process_still_importing(
         starting.process.wait()
 
 
+@pytest.mark.parametrize("end", ["killed", "stopped serving"])
+def test_a_warm_process_that_ended_is_replaced_where_the_sources_registered_before_look(
+    monkeypatch: pytest.MonkeyPatch, jvm: FakeJvm, caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    """A data source keeps the socket path it was registered with: the next ``start()``
+    (a ``register``) starts a warm process there again, and its runners are forked warm."""
+    monkeypatch.setattr(WarmStart, "_current", None)
+    first = WarmStart.start()
+    assert first is not None
+    assert first.ready(timeout=60), _state(first)
+    if end == "killed":
+        first.process.kill()  # the OOM killer, say
+        first.process.wait()
+    else:  # its directory gone (what the end of serving leaves), the process not yet
+        shutil.rmtree(first.directory)
+    second = WarmStart.start()
+    assert second is not None
+    try:
+        assert first.process.poll() is not None
+        assert f"the warm process (pid {first.process.pid})" in caplog.text
+        assert second.process.pid != first.process.pid
+        assert second.socket_path == first.socket_path
+        stand_in = start_runner(jvm, first.socket_path)  # registered with the first
+        pid = jvm.runner_pid()
+        assert psutil.Process(pid).ppid() == second.process.pid, _state(second)
+        stand_in.terminate()
+        stand_in.communicate(timeout=30)
+    finally:
+        second.process.kill()
+        second.process.wait()
+
+
+def test_a_warm_process_that_could_not_fork_is_not_started_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One whose imports left threads said so and exited; another would do the same."""
+    declined = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({_CANNOT_FORK})"])
+    declined.wait(timeout=30)
+    monkeypatch.setattr(WarmStart, "_current", WarmStart(declined, str(tmp_path)))
+    assert WarmStart.start() is None
+    monkeypatch.setattr(WarmStart, "_current", WarmStart(declined, str(tmp_path)))
+    declined.returncode = 1  # ended otherwise: replaced
+    replaced = WarmStart.start()
+    assert replaced is not None
+    replaced.process.kill()
+    replaced.process.wait()
+
+
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()
@@ -423,8 +505,9 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
 ) -> None:
     """The runner ends when the query stops; the daemons (each its own process group, as
     Spark's daemon makes itself) stay for the session, the tasks' one with its workers."""
-    warm = WarmStart.start()
+    warm = WarmStart.start()  # the driver's, which the session's sources were registered with
     assert warm is not None
+    assert warm.ready(timeout=60), f"the warm process does not serve: {_state(warm)}"
 
     def children() -> tuple[set[int], set[int]]:
         """The warm process's children: runners, and daemons."""
@@ -450,7 +533,7 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
             assert time.monotonic() < deadline, "no rows read"
             time.sleep(0.2)
         runners, daemons = children()
-        assert len(runners - runners_before) == 1
+        assert len(runners - runners_before) == 1, _state(warm)
         (runner,) = runners - runners_before
         workers = [w.pid for d in daemons for w in psutil.Process(d).children()]
         assert workers, "no daemon of the warm process forked the tasks' workers"

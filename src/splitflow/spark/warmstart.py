@@ -45,6 +45,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -77,6 +78,8 @@ _SEED = "PYTHONHASHSEED"
 """Read by Python only when it starts: the processes Spark starts get the driver's, or "0"
 (pyspark's ``SparkContext`` puts it in their environment), and so does the warm process,
 whose children hash strings as it does."""
+_CANNOT_FORK = 3
+"""The warm process's exit code when an import left it with threads (it says so)."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 """The warm process's environment besides the driver's: numpy's OpenBLAS and pyarrow's
 jemalloc start no thread of their own, so that the process that forks is single-threaded
@@ -91,36 +94,58 @@ class WarmStart:
 
     def __init__(self, process: subprocess.Popen[bytes], directory: str) -> None:
         self.process = process
+        self.directory = directory
         self.socket_path = os.path.join(directory, _SOCKET)
 
     @classmethod
     def start(cls) -> WarmStart | None:
-        """The driver's warm process, started on the first call (None: turned off or not
-        supported here)."""
+        """The driver's warm process, started on the first call, and again in the same
+        directory when it ended or stopped serving, so that the data sources registered
+        with the one before find it (None: turned off or not supported here)."""
         current = cls._current
-        if current is not None and current.process.poll() is None:
-            return current
+        if current is not None:
+            if current.process.poll() is None and os.path.isdir(current.directory):
+                return current  # serving, or still importing
+            if current.process.returncode == _CANNOT_FORK:
+                return None  # said why; another would too
+            log.warning(
+                "splitflow: the warm process (pid %d) %s: starting another",
+                current.process.pid,
+                "stopped serving"
+                if current.process.poll() is None
+                else f"ended with exit code {current.process.returncode}",
+            )
+            current.process.kill()
+            current.process.wait()
         if os.environ.get(SWITCH_ENV, "1") == "0" or not sys.platform.startswith("linux"):
             return None
         directory = ""
         try:
-            directory = tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
-            process = subprocess.Popen(
-                [sys.executable, "-m", __name__, directory],
-                env={**os.environ, **_ONE_THREAD, _SEED: os.environ.get(_SEED, "0")},
-                stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
-                stdout=subprocess.DEVNULL,
-                close_fds=True,
-            )
+            directory = _private_directory(current.directory if current else None)
+            cls._current = cls.launch(directory)
         except OSError as exc:  # no writable temporary directory, no interpreter to run
             log.warning("splitflow: streaming source runners start cold (no warm start): %s", exc)
             if directory:
                 shutil.rmtree(directory, ignore_errors=True)
+            cls._current = None
             return None
+        return cls._current
+
+    @classmethod
+    def launch(cls, directory: str) -> WarmStart:
+        """A warm process serving on a socket in ``directory`` (private to this user)."""
+        with suppress(FileNotFoundError):  # one that ended left it: nobody answers there
+            os.unlink(os.path.join(directory, _SOCKET))
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, directory],
+            env={**os.environ, **_ONE_THREAD, _SEED: os.environ.get(_SEED, "0")},
+            stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
         with suppress(OSError):  # gone already: the processes it would serve start cold
             Path(directory, PID_FILE).write_text(str(process.pid))
-        cls._current = cls(process, directory)
-        return cls._current
+        return cls(process, directory)
 
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether it serves runners (waiting up to ``timeout`` seconds for its imports)."""
@@ -132,6 +157,23 @@ class WarmStart:
                 return False
             time.sleep(0.05)
         return False
+
+
+def _private_directory(before: str | None) -> str:
+    """``before`` if it is, or can be made again, a directory of this user's that no one
+    else may use; else a new one."""
+    if before is not None:
+        with suppress(FileExistsError):
+            os.mkdir(before, 0o700)  # the warm process that ended removed it
+        with suppress(OSError):
+            found = os.lstat(before)
+            if (
+                stat.S_ISDIR(found.st_mode)
+                and found.st_uid == os.getuid()
+                and stat.S_IMODE(found.st_mode) == 0o700
+            ):
+                return before
+    return tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
 
 
 @contextmanager
@@ -166,8 +208,9 @@ def _serve(directory: str) -> None:
     """Import what the runners and daemons import, then fork one for each request until the
     driver's end of stdin closes."""
     try:
-        if _warm_up():
-            _accept(os.path.join(directory, _SOCKET))
+        if not _warm_up():
+            sys.exit(_CANNOT_FORK)
+        _accept(os.path.join(directory, _SOCKET))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -223,6 +266,8 @@ class _Child:
 
 def _accept(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with suppress(FileNotFoundError):  # left by a warm process killed before it was ready
+        os.unlink(path + ".new")
     listener.bind(path + ".new")
     listener.listen(16)
     os.rename(path + ".new", path)  # ready: a process that finds the socket is served
