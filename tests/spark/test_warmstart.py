@@ -35,6 +35,7 @@ from splitflow.spark._warmsite.sitecustomize import DAEMON, RUNNER
 from splitflow.spark.warmstart import (
     _CANNOT_FORK,
     _ONE_THREAD,
+    _READY_WITHIN,
     SITE_DIR,
     SOCKET_ENV,
     WarmStart,
@@ -471,6 +472,29 @@ def test_a_warm_process_that_ended_is_replaced_where_the_sources_registered_befo
     finally:
         second.process.kill()
         second.process.wait()
+
+
+def test_a_warm_process_that_does_not_get_ready_is_replaced_after_a_while(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Alive, never serving (hung, say): left alone while it may still be importing."""
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        stuck = WarmStart(hung, str(tmp_path))
+        monkeypatch.setattr(WarmStart, "_current", stuck)
+        assert WarmStart.start() is stuck
+        stuck.started -= _READY_WITHIN
+        replaced = WarmStart.start()
+        assert replaced is not None
+        assert replaced is not stuck
+        assert hung.poll() is not None
+        assert replaced.socket_path == stuck.socket_path
+        assert replaced.ready(timeout=60), _state(replaced)
+        replaced.process.kill()
+        replaced.process.wait()
+    finally:
+        hung.kill()
+        hung.wait()
 
 
 def test_a_warm_process_that_could_not_fork_is_not_started_again(

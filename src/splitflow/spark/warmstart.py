@@ -78,6 +78,9 @@ _SEED = "PYTHONHASHSEED"
 """Read by Python only when it starts: the processes Spark starts get the driver's, or "0"
 (pyspark's ``SparkContext`` puts it in their environment), and so does the warm process,
 whose children hash strings as it does."""
+_READY_WITHIN = 60.0
+"""Seconds a warm process may take to import before the next ``start()`` replaces it (it
+takes one to two)."""
 _CANNOT_FORK = 3
 """The warm process's exit code when an import left it with threads (it says so)."""
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
@@ -96,22 +99,27 @@ class WarmStart:
         self.process = process
         self.directory = directory
         self.socket_path = os.path.join(directory, _SOCKET)
+        self.started = time.monotonic()
 
     @classmethod
     def start(cls) -> WarmStart | None:
         """The driver's warm process, started on the first call, and again in the same
-        directory when it ended or stopped serving, so that the data sources registered
-        with the one before find it (None: turned off or not supported here)."""
+        directory when it ended, stopped serving or did not get ready in
+        :data:`_READY_WITHIN` seconds, so that the data sources registered with the one
+        before find it (None: turned off or not supported here)."""
         current = cls._current
         if current is not None:
             if current.process.poll() is None and os.path.isdir(current.directory):
-                return current  # serving, or still importing
+                if os.path.exists(current.socket_path):
+                    return current
+                if time.monotonic() - current.started < _READY_WITHIN:
+                    return current  # still importing
             if current.process.returncode == _CANNOT_FORK:
                 return None  # said why; another would too
             log.warning(
                 "splitflow: the warm process (pid %d) %s: starting another",
                 current.process.pid,
-                "stopped serving"
+                "does not serve"
                 if current.process.poll() is None
                 else f"ended with exit code {current.process.returncode}",
             )
