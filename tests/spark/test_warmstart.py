@@ -55,9 +55,14 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmStart]:
     started = WarmStart.launch(str(tmp_path_factory.mktemp("warm")))
     assert started.ready(timeout=60), f"the warm process did not get ready: {_state(started)}"
     yield started
-    assert started.process.stdin is not None
-    started.process.stdin.close()  # as when the driver exits
-    assert started.process.wait(timeout=30) == 0
+    assert _stop(started) == 0
+
+
+def _stop(warm: WarmStart) -> int:
+    """Stop a warm process as the driver's exit does (it removes its directory); its exit code."""
+    assert warm.process.stdin is not None
+    warm.process.stdin.close()
+    return warm.process.wait(timeout=30)
 
 
 def _state(warm: WarmStart) -> str:
@@ -438,8 +443,7 @@ def test_a_runner_waits_for_a_warm_process_still_importing(
         stand_in.terminate()
         stand_in.communicate(timeout=30)
     finally:
-        starting.process.kill()
-        starting.process.wait()
+        _stop(starting)
 
 
 @pytest.mark.parametrize("end", ["killed", "stopped serving"])
@@ -470,8 +474,7 @@ def test_a_warm_process_that_ended_is_replaced_where_the_sources_registered_befo
         stand_in.terminate()
         stand_in.communicate(timeout=30)
     finally:
-        second.process.kill()
-        second.process.wait()
+        _stop(second)
 
 
 def test_a_warm_process_that_does_not_get_ready_is_replaced_after_a_while(
@@ -490,8 +493,7 @@ def test_a_warm_process_that_does_not_get_ready_is_replaced_after_a_while(
         assert hung.poll() is not None
         assert replaced.socket_path == stuck.socket_path
         assert replaced.ready(timeout=60), _state(replaced)
-        replaced.process.kill()
-        replaced.process.wait()
+        _stop(replaced)
     finally:
         hung.kill()
         hung.wait()
@@ -509,8 +511,7 @@ def test_a_warm_process_that_could_not_fork_is_not_started_again(
     declined.returncode = 1  # ended otherwise: replaced
     replaced = WarmStart.start()
     assert replaced is not None
-    replaced.process.kill()
-    replaced.process.wait()
+    _stop(replaced)
 
 
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
