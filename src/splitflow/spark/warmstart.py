@@ -109,19 +109,20 @@ class WarmStart:
         before find it (None: turned off or not supported here)."""
         current = cls._current
         if current is not None:
-            if current.process.poll() is None and os.path.isdir(current.directory):
-                if os.path.exists(current.socket_path):
-                    return current
-                if time.monotonic() - current.started < _READY_WITHIN:
-                    return current  # still importing
+            alive = current.process.poll() is None
+            importing = (
+                alive
+                and os.path.isdir(current.directory)
+                and time.monotonic() - current.started < _READY_WITHIN
+            )
+            if importing or current.ready():
+                return current
             if current.process.returncode == _CANNOT_FORK:
                 return None  # said why; another would too
             log.warning(
                 "splitflow: the warm process (pid %d) %s: starting another",
                 current.process.pid,
-                "does not serve"
-                if current.process.poll() is None
-                else f"ended with exit code {current.process.returncode}",
+                "does not serve" if alive else f"ended with exit code {current.process.returncode}",
             )
             current.process.kill()
             current.process.wait()
