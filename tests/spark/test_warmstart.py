@@ -56,6 +56,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmStart]:
     assert started.ready(timeout=60), f"the warm process did not get ready: {_state(started)}"
     yield started
     assert _stop(started) == 0
+    assert "the driver's end of stdin closed" in started.what_it_said()
 
 
 def _stop(warm: WarmStart) -> int:
@@ -85,7 +86,7 @@ def _state(warm: WarmStart) -> str:
         held = sorted(os.listdir(warm.directory))
     except OSError as exc:
         held = [repr(exc)]
-    return f"pid {pid}: {state}; {warm.directory}: {held}"
+    return f"pid {pid}: {state}; {warm.directory}: {held}{warm.what_it_said()}"
 
 
 class FakeJvm:
@@ -466,6 +467,8 @@ def test_a_warm_process_that_ended_is_replaced_where_the_sources_registered_befo
     try:
         assert first.process.poll() is not None
         assert f"the warm process (pid {first.process.pid})" in caplog.text
+        if end == "stopped serving":  # where it was: serving, as far as it knew
+            assert "in _accept" in caplog.text
         assert second.process.pid != first.process.pid
         assert second.socket_path == first.socket_path
         stand_in = start_runner(jvm, first.socket_path)  # registered with the first

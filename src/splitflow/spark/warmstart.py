@@ -38,6 +38,7 @@ Linux only (it forks a process that imported pyarrow and numpy; see :data:`_ONE_
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from splitflow.spark._warmsite.sitecustomize import HANDED, PID_FILE, SOCKET_ENV, alive
 
@@ -95,9 +96,13 @@ class WarmStart:
 
     _current: WarmStart | None = None
 
-    def __init__(self, process: subprocess.Popen[bytes], directory: str) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], directory: str, said: IO[bytes] | None = None
+    ) -> None:
         self.process = process
         self.directory = directory
+        self.said = said
+        """The file the process writes why it stopped serving to (its stdout)."""
         self.socket_path = os.path.join(directory, _SOCKET)
         self.started = time.monotonic()
 
@@ -120,9 +125,10 @@ class WarmStart:
             if current.process.returncode == _CANNOT_FORK:
                 return None  # said why; another would too
             log.warning(
-                "splitflow: the warm process (pid %d) %s: starting another",
+                "splitflow: the warm process (pid %d) %s: starting another%s",
                 current.process.pid,
                 "does not serve" if alive else f"ended with exit code {current.process.returncode}",
+                current.what_it_said(),
             )
             current.process.kill()
             current.process.wait()
@@ -145,16 +151,17 @@ class WarmStart:
         """A warm process serving on a socket in ``directory`` (private to this user)."""
         with suppress(FileNotFoundError):  # one that ended left it: nobody answers there
             os.unlink(os.path.join(directory, _SOCKET))
+        said = tempfile.TemporaryFile(prefix="splitflow-warm-")  # noqa: SIM115 (kept: read later)
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, directory],
             env={**os.environ, **_ONE_THREAD, _SEED: os.environ.get(_SEED, "0")},
             stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
-            stdout=subprocess.DEVNULL,
+            stdout=said,
             close_fds=True,
         )
         with suppress(OSError):  # gone already: the processes it would serve start cold
             Path(directory, PID_FILE).write_text(str(process.pid))
-        return cls(process, directory)
+        return cls(process, directory, said)
 
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether it serves runners (waiting up to ``timeout`` seconds for its imports)."""
@@ -166,6 +173,24 @@ class WarmStart:
                 return False
             time.sleep(0.05)
         return False
+
+    def what_it_said(self) -> str:
+        """Why it stopped serving and, when it is still alive, where it is (its Python
+        stack, asked for with SIGUSR1): for the warning that replaces it."""
+        if self.said is None:
+            return ""
+        if self.process.poll() is None:
+            size = os.fstat(self.said.fileno()).st_size
+            with suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGUSR1)
+                deadline = time.monotonic() + 1.0
+                while os.fstat(self.said.fileno()).st_size == size:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+        self.said.seek(0)
+        text = self.said.read()[-4000:].decode(errors="replace").strip()
+        return f"; it said:\n{text}" if text else ""
 
 
 def _private_directory(before: str | None) -> str:
@@ -287,10 +312,11 @@ def _accept(path: str) -> None:
             handles = [c.handle for c in watched if c.handle is not None]
             ready, _, _ = select.select([listener, sys.stdin, *handles], [], [], 0.05)
             if sys.stdin in ready and not os.read(sys.stdin.fileno(), 512):
+                print("stopped serving: the driver's end of stdin closed", flush=True)
                 return  # the driver exited
             if listener in ready:
-                connection, _ = listener.accept()
                 try:
+                    connection, _ = listener.accept()
                     forked = _fork(connection, listener, children.values())
                     if forked is None:
                         connection.close()
@@ -394,6 +420,8 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the stand-in's streams and settings, run its module."""
     import runpy
 
+    faulthandler.unregister(signal.SIGUSR1)
+    faulthandler.disable()  # as in a process started cold
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -411,10 +439,27 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m splitflow.spark.warmstart DIRECTORY``: the warm process."""
+    """``python -m splitflow.spark.warmstart DIRECTORY``: the warm process. What it says
+    for the driver (why it stopped; its stack on a fatal error or when asked with SIGUSR1)
+    goes to its stdout. It ends without the interpreter's shutdown: it has nothing to
+    finish, and a process stuck there would be alive without serving."""
     (directory,) = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver's ^C is the driver's
-    _serve(directory)
+    faulthandler.enable(sys.stdout)
+    faulthandler.register(signal.SIGUSR1, sys.stdout)
+    code = 1
+    try:
+        _serve(directory)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc(file=sys.stdout)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
