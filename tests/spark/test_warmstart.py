@@ -13,6 +13,7 @@ stopping the query ends the runner.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -39,6 +41,8 @@ from splitflow.spark.warmstart import (
     SITE_DIR,
     SOCKET_ENV,
     WarmStart,
+    _answers,
+    _private_directory,
 )
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -517,6 +521,54 @@ def test_a_warm_process_that_could_not_fork_is_not_started_again(
     _stop(replaced)
 
 
+def test_directories_of_warm_processes_gone_without_removing_them_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, warm: WarmStart, jvm: FakeJvm
+) -> None:
+    """Killed with their driver's process group, say: the next driver to start a warm process
+    removes them, and only them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # its pid is free: no process has it
+
+    def left(name: str, pid: int | None, listening: bool = False) -> socket.socket:
+        folder = tmp_path / name
+        folder.mkdir(mode=0o700)
+        if pid is not None:
+            (folder / "pid").write_text(str(pid))
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(folder / "runner.sock"))  # stays as a file when closed
+        if listening:
+            server.listen(1)
+        else:
+            server.close()
+        return server
+
+    listening = left("splitflow-warm-answers", ended.pid, listening=True)
+    try:
+        left("splitflow-warm-gone", ended.pid)
+        left("splitflow-warm-alive", os.getpid())
+        left("splitflow-warm-no-pid", None)
+        left("elsewhere", ended.pid)
+        made = _private_directory(None)
+        found = sorted(p.name for p in tmp_path.iterdir())
+        assert found == sorted(
+            [
+                "elsewhere",
+                "splitflow-warm-alive",
+                "splitflow-warm-answers",
+                "splitflow-warm-no-pid",
+                os.path.basename(made),
+            ]
+        )
+    finally:
+        listening.close()
+    assert _answers(warm.socket_path)  # a warm process takes the probe and serves on
+    stand_in = start_runner(jvm, warm.socket_path)
+    assert psutil.Process(jvm.runner_pid()).ppid() == warm.process.pid
+    stand_in.terminate()
+    stand_in.communicate(timeout=30)
+
+
 def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()
@@ -568,3 +620,59 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
     finally:
         query.stop()
     assert _gone(runner, 30), "the runner outlived its query"
+
+
+_SESSION_DRIVER = """
+import json, os, sys
+import psutil
+from pyspark.sql import SparkSession
+from splitflow.spark import register, session
+from splitflow.spark.warmstart import WarmStart
+builder = (
+    SparkSession.builder.master("local[1]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.driver.host", "127.0.0.1")
+)
+if sys.argv[1] == "session":
+    spark = session(builder)
+else:
+    spark = builder.getOrCreate()
+    register(spark)
+warm = WarmStart.start()
+children = psutil.Process(warm.process.pid).children()
+daemons = [c.pid for c in children if os.getpgid(c.pid) == c.pid]
+jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
+def cmdline(process):
+    try:
+        return process.cmdline()
+    except psutil.Error:  # ended meanwhile (Hadoop's shell-outs)
+        return []
+lookups = [p for p in jvm.children() if "pyspark.sql.worker.lookup_data_sources" in cmdline(p)]
+print(json.dumps({"daemons": len(daemons), "lookups": len(lookups),
+                  "environment": [os.environ.get(n) for n in ("PYTHONPATH", SOCKET_ENV)]}))
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("way", ["session", "register"])
+def test_a_session_made_by_splitflow_forks_the_lookup_of_python_data_sources_warm(
+    way: str,
+) -> None:
+    """Spark looks installed Python data sources up once per application, at the first
+    registration, in a daemon started with the JVM's own environment: forked warm only when
+    the JVM was started with the warm start's variables (``session``), and the driver's
+    environment is as it was after."""
+    from tests.spark.support import spark_env
+
+    env = spark_env()
+    env.pop(SOCKET_ENV, None)
+    driver = _SESSION_DRIVER.replace("SOCKET_ENV", repr(SOCKET_ENV))
+    done = subprocess.run(
+        [sys.executable, "-c", driver, way], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["lookups"] == 1, found  # the lookup's daemon, as Spark started it
+    assert found["daemons"] == (1 if way == "session" else 0), found
+    assert found["environment"] == [env["PYTHONPATH"], None], found

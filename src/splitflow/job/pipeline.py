@@ -83,9 +83,9 @@ def start_session() -> Any:
     spark_environment()
     from pyspark.sql import SparkSession
 
-    from splitflow.spark import register
+    from splitflow.spark import session
 
-    spark = (
+    spark = session(
         SparkSession.builder.master("local[2]")
         .appName("splitflow-main-job")
         .config("spark.ui.enabled", "false")
@@ -94,10 +94,8 @@ def start_session() -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataProgressEventInterval", "1000")
-        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
     return spark
 
 

@@ -61,6 +61,26 @@ def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
             spark.dataSource.register(data_source)
 
 
+def session(builder: Any, *data_sources: type[SplitflowDataSource]) -> Any:
+    """``builder.getOrCreate()``, with ``data_sources`` (default: the built-in ones)
+    registered: :func:`register`, for a session this call creates.
+
+    Spark then starts every Python process on the driver's machine forked from the warm
+    process, not only the splitflow data sources' (:mod:`splitflow.spark.warmstart`):
+    also the daemon it starts once per application, at the first registration, to look up
+    installed Python data sources (about a second cold), and other Python code's worker
+    daemons. A session that already exists is returned as it is, registered::
+
+        spark = session(SparkSession.builder.master("local[2]"))
+    """
+    from splitflow.spark.warmstart import starting_spark
+
+    with starting_spark():
+        spark = builder.getOrCreate()
+    register(spark, *data_sources)
+    return spark
+
+
 __all__ = [
     "BUILT_IN",
     "FilesDataSource",
@@ -74,4 +94,5 @@ __all__ = [
     "built_in",
     "register",
     "run_restarting",
+    "session",
 ]

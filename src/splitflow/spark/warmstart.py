@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
@@ -65,6 +65,8 @@ log = logging.getLogger("splitflow.spark")
 SWITCH_ENV = "SPLITFLOW_WARM_START"
 SITE_DIR = str(Path(__file__).with_name("_warmsite"))
 """The directory of the ``sitecustomize`` that hands a process over to the warm process."""
+_PREFIX = "splitflow-warm-"
+"""Of the warm processes' directories, in the temporary directory."""
 _SOCKET = "runner.sock"
 """The warm process's socket, in its private directory."""
 _HEADER = struct.Struct("!I")
@@ -207,7 +209,40 @@ def _private_directory(before: str | None) -> str:
                 and stat.S_IMODE(found.st_mode) == 0o700
             ):
                 return before
-    return tempfile.mkdtemp(prefix="splitflow-warm-")  # private: mode 0700
+    _remove_left_behind()
+    return tempfile.mkdtemp(prefix=_PREFIX)  # private: mode 0700
+
+
+def _remove_left_behind() -> None:
+    """Remove this user's warm process directories whose process is gone without removing
+    its own (killed with its driver's process group, say): the process in its pid file is
+    not alive and nothing answers on its socket (a process of another pid namespace
+    sharing the temporary directory would)."""
+    root = tempfile.gettempdir()
+    with suppress(OSError):
+        for entry in os.scandir(root):
+            if not entry.name.startswith(_PREFIX):
+                continue
+            with suppress(OSError, ValueError):
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid() or not entry.is_dir(
+                    follow_symlinks=False
+                ):
+                    continue
+                pid = int(Path(entry.path, PID_FILE).read_text())
+                if alive(pid) or _answers(os.path.join(entry.path, _SOCKET)):
+                    continue
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _answers(socket_path: str) -> bool:
+    """Whether a warm process listens on ``socket_path`` (it takes the empty connection
+    for what it is)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(socket_path)
+        except OSError:  # no socket, or nobody listening on it
+            return False
+    return True
 
 
 @contextmanager
@@ -226,13 +261,43 @@ def registering(spark: Any) -> Iterator[None]:
         yield
         return
     before = dict(sc.environment)
-    path = [SITE_DIR, *filter(None, [before.get("PYTHONPATH")])]  # the site directory first
-    sc.environment.update({SOCKET_ENV: warm.socket_path, "PYTHONPATH": os.pathsep.join(path)})
+    sc.environment.update(_variables(warm, before))
     try:
         yield
     finally:
         sc.environment.clear()
         sc.environment.update(before)
+
+
+@contextmanager
+def starting_spark() -> Iterator[None]:
+    """Spark started in this block hands every runner and worker daemon it starts on this
+    machine to the warm process (started now if it is not running), for any Python code:
+    the variables are in the driver's environment (which the JVM that pyspark launches
+    inherits, and every process it starts) during the block, and back as they were after
+    it. That includes the daemon Spark starts at the first use of a Python data source to
+    look up installed ones, whose environment is the JVM's own. Other threads of the driver
+    that start processes in the block hand them over too."""
+    warm = WarmStart.start()
+    if warm is None:
+        yield
+        return
+    before = {name: os.environ.get(name) for name in (SOCKET_ENV, "PYTHONPATH")}
+    os.environ.update(_variables(warm, os.environ))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _variables(warm: WarmStart, environment: Mapping[str, str]) -> dict[str, str]:
+    """What processes started with ``environment`` need to be handed to ``warm``."""
+    path = [SITE_DIR, *filter(None, [environment.get("PYTHONPATH")])]  # the site directory first
+    return {SOCKET_ENV: warm.socket_path, "PYTHONPATH": os.pathsep.join(path)}
 
 
 # -- the warm process ---------------------------------------------------------------------------
@@ -353,9 +418,12 @@ def _reap(children: dict[int, _Child]) -> None:
             child.close()
 
 
-def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """A stand-in's request: its streams' descriptors, and what else its process needs."""
+def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """A stand-in's request: its streams' descriptors, and what else its process needs
+    (None: closed at once, by a driver looking for warm processes that are gone)."""
     header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
+    if not header and not fds:
+        return None
     if len(header) != _HEADER.size or len(fds) != 3:
         for fd in fds:
             os.close(fd)
@@ -376,9 +444,13 @@ def _fork(
 ) -> tuple[int, int] | None:
     """Fork the process the request on ``connection`` asks for; its pid (sent to the
     stand-in) and the stand-in's, or None when the stand-in runs another Python than this
-    one or another ``PYTHONHASHSEED`` (it starts the process itself). The child closes the
-    warm process's ``listener`` and what it holds for its other ``children``."""
-    request, fds = _receive(connection)
+    one or another ``PYTHONHASHSEED`` (it starts the process itself), or sent nothing. The
+    child closes the warm process's ``listener`` and what it holds for its other
+    ``children``."""
+    received = _receive(connection)
+    if received is None:
+        return None
+    request, fds = received
     seed = request["env"].get(_SEED, "random")
     if (
         request["python"] != [sys.prefix, sys.version]  # PYSPARK_PYTHON is another Python
