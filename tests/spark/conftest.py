@@ -27,7 +27,8 @@ from tests.spark.support import spark_env
 
 @pytest.fixture(scope="session")
 def spark_session() -> Iterator[Any]:
-    """The run's single SparkSession, with the built-in and the test-only sources registered."""
+    """The run's single SparkSession, made as users are told to (``splitflow.spark.session``),
+    with the built-in and the test-only sources registered."""
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
         pytest.skip("Spark needs Java 17 on PATH")
@@ -38,9 +39,9 @@ def spark_session() -> Iterator[Any]:
         from pyspark.sql import SparkSession
         from tests.spark.sources import TEST_SOURCES
 
-        from splitflow.spark import register
+        from splitflow.spark import register, session
 
-        session = (
+        spark = session(
             SparkSession.builder.master("local[2,3]")
             .appName("splitflow-e2e")
             .config("spark.ui.enabled", "false")
@@ -49,17 +50,15 @@ def spark_session() -> Iterator[Any]:
             # an idle query reports progress every second (default 10 s): lastProgress
             # then shows the source's state (reportLatestOffset) soon after it changes
             .config("spark.sql.streaming.noDataProgressEventInterval", "1000")
-            .getOrCreate()
         )
-        session.sparkContext.setLogLevel("ERROR")
-        register(session)
-        register(session, *TEST_SOURCES)
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark, *TEST_SOURCES)
         try:
-            yield session
+            yield spark
         finally:
-            for query in session.streams.active:
+            for query in spark.streams.active:
                 query.stop()
-            session.stop()
+            spark.stop()
 
 
 @pytest.fixture
