@@ -8,7 +8,7 @@ group, stopped after the module. Clients run in subprocesses: this file run as a
 ``pyspark.sql`` call of that process into a Connect call; the rest of the suite shares a
 classic session in the test process, so the two must not meet there.
 
-Each client registers the sources on its Connect session (``register(spark)`` sends the
+Each client registers the sources on its Connect session (``session(builder)`` sends the
 data source classes to the server, whose Python workers import ``splitflow``), runs one
 step and writes what it saw to a JSON file; the test checks it against the catalog.
 """
@@ -45,12 +45,13 @@ def run_client(config: dict[str, Any]) -> dict[str, Any]:
     """Connect to ``config["url"]``, register the sources, run ``config["step"]``."""
     from pyspark.sql import SparkSession
 
-    from splitflow.spark import register
+    from splitflow.spark import session
+    from splitflow.spark.warmstart import WarmStart
 
-    spark = SparkSession.builder.remote(config["url"]).getOrCreate()
+    spark = session(SparkSession.builder.remote(config["url"]))  # registers the sources
     assert type(spark).__module__ == "pyspark.sql.connect.session", type(spark)
+    assert WarmStart._current is None, "a warm process for a server that starts its own"
     try:
-        register(spark)
         if config["step"] == "batch":
             return batch_step(spark, config)
         if config["step"] == "stream":

@@ -8,6 +8,8 @@ The built-in data sources are imported on first use: the process that reads one 
 from __future__ import annotations
 
 import importlib
+import os
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from splitflow.spark.datasource import SplitflowDataSource
@@ -69,13 +71,15 @@ def session(builder: Any, *data_sources: type[SplitflowDataSource]) -> Any:
     process, not only the splitflow data sources' (:mod:`splitflow.spark.warmstart`):
     also the daemon it starts once per application, at the first registration, to look up
     installed Python data sources (about a second cold), and other Python code's worker
-    daemons. A session that already exists is returned as it is, registered::
+    daemons. A session that already exists is returned as it is, registered; a Spark
+    Connect session (its processes are the server's) is only registered::
 
         spark = session(SparkSession.builder.master("local[2]"))
     """
     from splitflow.spark.warmstart import starting_spark
 
-    with starting_spark():
+    remote = "spark.remote" in getattr(builder, "_options", {}) or "SPARK_REMOTE" in os.environ
+    with nullcontext() if remote else starting_spark():  # Spark Connect: the server starts them
         spark = builder.getOrCreate()
     register(spark, *data_sources)
     return spark
