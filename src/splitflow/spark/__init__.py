@@ -65,7 +65,7 @@ def register(spark: Any, *data_sources: type[SplitflowDataSource]) -> None:
 
 def session(builder: Any, *data_sources: type[SplitflowDataSource]) -> Any:
     """``builder.getOrCreate()``, with ``data_sources`` (default: the built-in ones)
-    registered: :func:`register`, for a session this call creates.
+    registered on it (:func:`register`).
 
     Spark then starts every Python process on the driver's machine forked from the warm
     process, not only the splitflow data sources' (:mod:`splitflow.spark.warmstart`):
@@ -78,7 +78,9 @@ def session(builder: Any, *data_sources: type[SplitflowDataSource]) -> Any:
     """
     from splitflow.spark.warmstart import starting_spark
 
-    remote = "spark.remote" in getattr(builder, "_options", {}) or "SPARK_REMOTE" in os.environ
+    remote = "spark.remote" in getattr(builder, "_options", {}) or any(
+        name in os.environ for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
+    )
     with nullcontext() if remote else starting_spark():  # Spark Connect: the server starts them
         spark = builder.getOrCreate()
     register(spark, *data_sources)
