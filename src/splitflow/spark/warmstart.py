@@ -153,7 +153,7 @@ class WarmStart:
         """A warm process serving on a socket in ``directory`` (private to this user)."""
         with suppress(FileNotFoundError):  # one that ended left it: nobody answers there
             os.unlink(os.path.join(directory, _SOCKET))
-        said = tempfile.TemporaryFile(prefix="splitflow-warm-")  # noqa: SIM115 (kept: read later)
+        said = tempfile.TemporaryFile(prefix=_PREFIX)  # noqa: SIM115 (kept: read later)
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, directory],
             env={**os.environ, **_ONE_THREAD, _SEED: os.environ.get(_SEED, "0")},
