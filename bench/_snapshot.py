@@ -28,12 +28,13 @@ CPU_HEADER = (
 
 
 def local_session(jars: Path | None = None) -> Any:
-    """A ``local[2]`` session (UI off, UTC, 2 shuffle partitions) with splitflow's sources
-    registered and ``jars`` on its class path. Call it before anything starts the JVM."""
+    """A ``local[2]`` session (UI off, UTC, 2 shuffle partitions) made as the README says
+    (``splitflow.spark.session``, splitflow's sources registered) with ``jars`` on its class
+    path. Call it before anything starts the JVM."""
     os.environ.update(spark_env())  # its Python workers inherit the environment
     from pyspark.sql import SparkSession
 
-    from splitflow.spark import register
+    from splitflow.spark import session
 
     builder = (
         SparkSession.builder.master("local[2]")
@@ -45,9 +46,8 @@ def local_session(jars: Path | None = None) -> Any:
     )
     if jars is not None:
         builder = builder.config("spark.jars", str(jars))
-    spark = builder.getOrCreate()
+    spark = session(builder)
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
     return spark
 
 

@@ -25,6 +25,8 @@ import sysconfig
 import tempfile
 import textwrap
 import time
+import zipfile
+import zipimport
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import psutil
 import pyspark
 import pytest
 
+from splitflow.spark import session
 from splitflow.spark._warmsite.sitecustomize import DAEMON, RUNNER
 from splitflow.spark.warmstart import (
     _CANNOT_FORK,
@@ -42,6 +45,7 @@ from splitflow.spark.warmstart import (
     SOCKET_ENV,
     WarmStart,
     _answers,
+    _archives,
     _private_directory,
 )
 
@@ -579,6 +583,80 @@ def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+def test_a_zip_archive_on_a_forked_process_s_path_is_read_again_only_once_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner and every worker call ``importlib.invalidate_caches()`` as they start; the
+    importers the warm process gives them read an archive's directory again only when the
+    archive changed, and what they find is then what is in it."""
+    reads: list[str] = []
+    read_directory = zipimport._read_directory  # type: ignore[attr-defined]
+
+    def counted(read: str) -> Any:
+        if read == str(archive):
+            reads.append(read)
+        return read_directory(read)
+
+    monkeypatch.setattr(zipimport, "_read_directory", counted)
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("one.py", "")
+    other = tmp_path / "other.txt"
+    other.write_text("not an archive")
+    path = [str(tmp_path), str(archive), str(other), str(tmp_path / "missing.zip")]
+
+    (importer,) = _archives(path).values()  # only the zip archive has one
+    assert importer.find_spec("one") is not None
+    assert reads == [str(archive)]
+    importer.invalidate_caches()
+    assert _archives(path) == {str(archive): importer}  # kept for the next process
+    assert reads == [str(archive)], "read again though unchanged"
+
+    with zipfile.ZipFile(archive, "a") as zipped:
+        zipped.writestr("two.py", "")
+    importer.invalidate_caches()
+    assert reads == [str(archive)] * 2
+    assert importer.find_spec("two") is not None
+    archive.unlink()
+    assert _archives(path) == {str(archive): importer}
+    assert importer.find_spec("one") is None  # gone: nothing found there, as Python's own
+
+
+class _Builder:
+    """A session builder as ``session`` uses one (its options, ``config``, ``getOrCreate``),
+    whose session is the tests' own."""
+
+    def __init__(self, spark: Any, **options: str) -> None:
+        self.spark = spark
+        self._options = dict(options)
+
+    def config(self, key: str, value: str) -> _Builder:
+        self._options[key] = value
+        return self
+
+    def getOrCreate(self) -> Any:
+        return self.spark
+
+
+UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, "true"),
+        ({UNIX_SOCKETS: "false"}, "false"),  # the builder's own choice
+        ({"spark.remote": "sc://localhost"}, None),  # Spark Connect: the server's choice
+    ],
+)
+def test_a_session_made_by_splitflow_talks_to_python_over_unix_sockets(
+    spark: Any, options: dict[str, str], expected: str | None
+) -> None:
+    builder = _Builder(spark, **options)
+    assert session(builder) is spark
+    assert builder._options.get(UNIX_SOCKETS) == expected
+
+
 @pytest.mark.slow
 def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
     spark: Any, tmp_path: Path
@@ -649,7 +727,8 @@ def cmdline(process):
         return []
 lookups = [p for p in jvm.children() if "pyspark.sql.worker.lookup_data_sources" in cmdline(p)]
 print(json.dumps({"daemons": len(daemons), "lookups": len(lookups),
-                  "environment": [os.environ.get(n) for n in ("PYTHONPATH", SOCKET_ENV)]}))
+                  "environment": [os.environ.get(n) for n in ("PYTHONPATH", SOCKET_ENV)],
+                  "unix sockets": spark.sparkContext.getConf().get(UNIX_SOCKETS)}))
 spark.stop()
 """
 
@@ -667,7 +746,9 @@ def test_a_session_made_by_splitflow_forks_the_lookup_of_python_data_sources_war
 
     env = spark_env()
     env.pop(SOCKET_ENV, None)
-    driver = _SESSION_DRIVER.replace("SOCKET_ENV", repr(SOCKET_ENV))
+    driver = _SESSION_DRIVER.replace("SOCKET_ENV", repr(SOCKET_ENV)).replace(
+        "UNIX_SOCKETS", repr(UNIX_SOCKETS)
+    )
     done = subprocess.run(
         [sys.executable, "-c", driver, way], env=env, capture_output=True, text=True, timeout=300
     )
@@ -676,3 +757,4 @@ def test_a_session_made_by_splitflow_forks_the_lookup_of_python_data_sources_war
     assert found["lookups"] == 1, found  # the lookup's daemon, as Spark started it
     assert found["daemons"] == (1 if way == "session" else 0), found
     assert found["environment"] == [env["PYTHONPATH"], None], found
+    assert found["unix sockets"] == ("true" if way == "session" else None), found
