@@ -328,6 +328,23 @@ def test_a_query_whose_directory_another_took_stops_at_its_next_batch(tmp_path: 
         first.latest_offset(end1, MaxRecords(10))
 
 
+def test_a_second_query_started_during_the_first_s_first_batch_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Spark wrote batch 1's offset and asked for its partitions; its commit reaches the
+    planner only with the next batch, a trigger later. A second query started meanwhile on
+    the same directory is refused, and the first plans on (an end-to-end test found the
+    second taking the directory once query starts got faster)."""
+    _, source, first = setup(tmp_path)
+    start = roundtrip(first.initial_offset())
+    end1 = roundtrip(first.latest_offset(start, MaxRecords(10)))
+    first.planned(end1)  # Spark's partitions(start, end1)
+    second = planner_on(source, tmp_path)
+    with pytest.raises(ConfigurationError, match="is in use by another query"):
+        second.latest_offset(roundtrip(second.initial_offset()), MaxRecords(10))
+    assert first.latest_offset(end1, MaxRecords(10))["owner"] == end1["owner"]
+
+
 def test_a_restart_keeps_its_directory_and_an_offset_of_another_query_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -368,8 +368,12 @@ class Planner(Generic[SplitT, EnumStateT]):
 
         ``partitions(start, end)`` follows ``latestOffset`` in the same runner process, so
         within a run ``end`` is the offset just planned; after a restart it is decoded.
+        Spark asks for a batch's partitions once it recorded the batch's offset: from then
+        on the state directory is this query's (a restart replays the batch with its token).
         """
         if self._last is not None and self._planned_last(end):
+            if self._owner is not None:
+                self._owner.confirm()
             return self._last
         return self._decode(end)
 

@@ -428,9 +428,14 @@ class Owner:
     started at once on one empty directory, exactly one gets it.
 
     Nothing is written before the first batch is planned (Spark asks for the initial
-    offset again when it replays batch 0 after a crash), and an owner that never
-    committed a batch does not hold the directory (its first start died before Spark
-    recorded an offset, or it is a query of a splitflow without tokens being restored).
+    offset again when it replays batch 0 after a crash), and an owner whose first batch
+    Spark never recorded does not hold the directory (its first start died before Spark
+    wrote an offset, or it is a query of a splitflow without tokens being restored). The
+    planner calls :meth:`confirm` when Spark asks for the partitions of a batch it planned,
+    which Spark does once it wrote the batch's offset, and when a batch commits: a second
+    query started while the first runs its first batch is refused, not given the directory
+    (with the confirmation at the commit only, Spark's commit of the next batch, one trigger
+    later, was the first the planner heard of it).
     """
 
     def __init__(self, state_dir: str | StateStore) -> None:
@@ -481,7 +486,8 @@ class Owner:
         self._taken = True
 
     def confirm(self) -> None:
-        """A batch of the query committed: from now on the directory is its own for good."""
+        """Spark recorded an offset of the query: from now on the directory is its own for
+        good."""
         if self._taken and not self._committed:
             self.check()
             self._committed = True
