@@ -155,7 +155,8 @@ class ForeachBatchSink:
     A batch is written to ``<out>/batch=<id>`` (mode overwrite: a batch replayed after a
     crash replaces what an earlier attempt of it wrote), so the sink reads back in batch
     order (``tests.support.cdc.sink_in_batch_order``). ``counts`` holds what each count
-    returned, by batch id (in the driver that runs the query). With ``fail_once``, the
+    returned, by batch id, and ``finished`` the batches whose call returned (in the driver
+    that runs the query: a stop may cut the newest batch's short). With ``fail_once``, the
     second action runs through :func:`fail_first_attempt`: the first attempt of each of
     its tasks fails after reading its rows, and Spark's retry reads them once more (the
     master must allow retries: ``local[2,4]``); each failure leaves a file in
@@ -172,6 +173,7 @@ class ForeachBatchSink:
             raise ValueError(f"no foreachBatch sink {mode!r}: one of {SINKS[1:-2]}")
         self.mode, self.out, self.fail_once = mode, os.fspath(out), fail_once
         self.counts: dict[int, int] = {}
+        self.finished: set[int] = set()
 
     def folder(self, batch_id: int, again: bool = False) -> str:
         return os.path.join(self.out, *(["again"] if again else []), f"batch={batch_id}")
@@ -188,6 +190,7 @@ class ForeachBatchSink:
             batch.write.mode("overwrite").parquet(self.folder(batch_id, again=True))
         else:
             self._act(second, batch, batch_id)
+        self.finished.add(batch_id)
 
     def _act(self, action: str, batch: Any, batch_id: int) -> None:
         if action == "count":

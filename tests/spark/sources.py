@@ -45,6 +45,7 @@ from splitflow.api.split import Codec, LedgerCodec, SplitState
 from splitflow.errors import ConfigurationError
 from splitflow.reader import PositionedEmitter, SourceReaderBase
 from splitflow.spark.datasource import SlicePartition, SplitflowStreamReader, read_partition
+from splitflow.spark.generator import GeneratorDataSource
 from splitflow.spark.sequence import SequenceDataSource
 from splitflow.testing.sequence import (
     SequenceEnumerator,
@@ -173,6 +174,16 @@ def read_task_log(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 entries.append(json.load(f))
     return entries
+
+
+class OwnDaemonGeneratorDataSource(GeneratorDataSource):
+    """``splitflow-generator`` under a name of its own, for a test that registers it with
+    an environment of its own: Spark keeps a Python worker daemon per environment, so its
+    tasks get a daemon started then, not the one earlier tests' tasks started."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "splitflow-generator-own-daemon"
 
 
 TEST_SOURCES = (FaultySequenceDataSource, LaggingDataSource)

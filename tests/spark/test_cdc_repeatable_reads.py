@@ -115,13 +115,16 @@ def test_every_read_of_a_batch_sees_one_snapshot_and_no_change_is_lost(
     assert writer.changes > 100, "the writer made too few changes to test anything"
     check_replay(out, table_rows(postgres, table))
     folders = batch_folders(out)
+    cut = sorted(set(folders) - sink.finished)  # the stop may land in the newest batch's call
+    assert cut in ([], [max(folders)]), f"batches {cut}: written, their foreachBatch unfinished"
+    folders = {b: folder for b, folder in folders.items() if b in sink.finished}
     if mode != "write-twice":
         written = {b: len(batch_rows(folder)) for b, folder in folders.items()}
         differ = {b: (sink.counts.get(b), n) for b, n in written.items() if sink.counts.get(b) != n}
         assert not differ, f"batch -> (rows counted, rows written) where they differ: {differ}"
     else:
         again = batch_folders(out / "again")
-        assert again.keys() == folders.keys()
+        assert again.keys() >= folders.keys()
         for batch, folder in folders.items():
             first, second = batch_rows(folder), batch_rows(again[batch])
             key = sorted(json.dumps(r, default=str, sort_keys=True) for r in first)

@@ -34,9 +34,10 @@ from typing import Any
 import psutil
 import pyspark
 import pytest
+from tests.spark.sources import OwnDaemonGeneratorDataSource
 
-from splitflow.spark import session
-from splitflow.spark._warmsite.sitecustomize import DAEMON, RUNNER
+from splitflow.spark import register, session
+from splitflow.spark._warmsite.sitecustomize import DAEMON, PID_FILE, RUNNER, WAIT
 from splitflow.spark.warmstart import (
     _CANNOT_FORK,
     _ONE_THREAD,
@@ -281,6 +282,30 @@ def test_a_runner_that_cannot_be_handed_over_says_so_and_starts_cold(
     stand_in.terminate()
     _, err = stand_in.communicate(timeout=30)
     assert "splitflow: the streaming source runner starts cold: ConnectionRefusedError" in (
+        err.decode()
+    )
+
+
+@pytest.mark.slow
+def test_a_runner_waits_for_a_warm_process_that_never_gets_ready_then_says_so_and_starts_cold(
+    tmp_path: Path, jvm: FakeJvm
+) -> None:
+    """Alive (its pid file names a live process) and no socket: hung in its imports, say."""
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (tmp_path / PID_FILE).write_text(str(hung.pid))
+        began = time.monotonic()
+        stand_in = start_runner(jvm, str(tmp_path / "runner.sock"))
+        assert jvm.runner_pid() == stand_in.pid
+        waited = time.monotonic() - began
+        stand_in.terminate()
+        _, err = stand_in.communicate(timeout=30)
+    finally:
+        hung.kill()
+        hung.wait()
+    assert WAIT[RUNNER] <= waited < 30, waited
+    said = f"the warm process (pid {hung.pid}) did not get ready in {WAIT[RUNNER]:g} s"
+    assert f"splitflow: the streaming source runner starts cold: TimeoutError('{said}')" in (
         err.decode()
     )
 
@@ -662,10 +687,19 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
     spark: Any, tmp_path: Path
 ) -> None:
     """The runner ends when the query stops; the daemons (each its own process group, as
-    Spark's daemon makes itself) stay for the session, the tasks' one with its workers."""
+    Spark's daemon makes itself) stay for the session, the tasks' one with its workers.
+    The source is registered with an environment of its own, so Spark starts its tasks'
+    daemon now, while the warm process serves (earlier tests' daemon may have started
+    cold, or from a warm process replaced since)."""
     warm = WarmStart.start()  # the driver's, which the session's sources were registered with
     assert warm is not None
     assert warm.ready(timeout=60), f"the warm process does not serve: {_state(warm)}"
+    environment = spark.sparkContext.environment
+    environment[OWN_DAEMON] = str(tmp_path)
+    try:
+        register(spark, OwnDaemonGeneratorDataSource)
+    finally:
+        del environment[OWN_DAEMON]
 
     def children() -> tuple[set[int], set[int]]:
         """The warm process's children: runners, and daemons."""
@@ -675,7 +709,7 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
 
     runners_before, _ = children()
     query = (
-        spark.readStream.format("splitflow-generator")
+        spark.readStream.format(OwnDaemonGeneratorDataSource.name())
         .option("splits", "2")
         .option("rowsPerSecond", "100")
         .load()
@@ -694,10 +728,28 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
         assert len(runners - runners_before) == 1, _state(warm)
         (runner,) = runners - runners_before
         workers = [w.pid for d in daemons for w in psutil.Process(d).children()]
-        assert workers, "no daemon of the warm process forked the tasks' workers"
+        assert workers, f"no daemon of the warm process forked the tasks' workers: {_tree(spark)}"
     finally:
         query.stop()
     assert _gone(runner, 30), "the runner outlived its query"
+
+
+OWN_DAEMON = "SPLITFLOW_TEST_OWN_DAEMON"
+"""A variable only the environment of :class:`OwnDaemonGeneratorDataSource` has."""
+
+
+def _tree(spark: Any) -> str:
+    """The JVM's and the warm process's Python children: pid, parent, command."""
+
+    def line(process: psutil.Process) -> str:
+        with contextlib.suppress(psutil.Error):
+            return f"{process.pid}<-{process.ppid()} {' '.join(process.cmdline()[:4])}"
+        return f"{process.pid} (gone)"
+
+    jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
+    warm = WarmStart.start()
+    roots = [jvm, *([psutil.Process(warm.process.pid)] if warm is not None else [])]
+    return "; ".join(line(p) for root in roots for p in [root, *root.children(recursive=True)])
 
 
 _SESSION_DRIVER = """

@@ -26,7 +26,8 @@ child, with everything imported. The started process stays as the child's stand-
 Spark: it passes on the signals Spark sends it (stopping a query, a daemon) and exits with
 the child's status, and the warm process kills the child when the stand-in ends (killed,
 say). A process that finds the warm process still importing waits for it, up to
-:data:`~splitflow.spark._warmsite.sitecustomize.WAIT` seconds.
+:data:`~splitflow.spark._warmsite.sitecustomize.WAIT` seconds (a runner 5, a daemon 30),
+then starts cold and says so on its standard error.
 Any other Python process goes on as usual, as do a runner or daemon when the warm process
 is not there (another machine) or not ready: they start cold, as without this module. The
 next ``sitecustomize`` on the path (the environment's own) runs in every process that does

@@ -24,9 +24,10 @@ SOCKET_ENV = "SPLITFLOW_WARM_RUNNER_SOCKET"
 """The warm process's socket (set by ``splitflow.spark.register``)."""
 PID_FILE = "pid"
 """The warm process's pid, in its socket's directory (written by the driver that starts it)."""
-WAIT = 5.0
-"""Seconds a process waits for a warm process that is still importing (then starts cold),
-well inside Spark's wait for a Python worker to connect."""
+WAIT = {RUNNER: 5.0, DAEMON: 30.0}
+"""Seconds a process waits for a warm process that is still importing (then starts cold):
+a runner well inside the 10 s Spark waits for it to connect back; a daemon, which serves
+the application from then on (and Spark waits for without a limit), longer."""
 
 
 def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
@@ -40,7 +41,7 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
 
     connection = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        _wait_ready(socket_path)
+        _wait_ready(socket_path, WAIT[module])
         connection.connect(socket_path)
         # What `python -m` would give the module: the working directory first on its path.
         request = {
@@ -111,10 +112,11 @@ def _stand_in(pid: int, connection: _socket.socket) -> int:
     return code
 
 
-def _wait_ready(socket_path: str) -> None:
-    """Wait up to :data:`WAIT` seconds while the warm process lives but is not ready yet
-    (its socket appears once it is): the query that follows ``register`` at once finds it
-    still importing, and a process started cold here would compete with it for the CPU."""
+def _wait_ready(socket_path: str, wait: float) -> None:
+    """Wait up to ``wait`` seconds while the warm process lives but is not ready yet (its
+    socket appears once it is): the query that follows ``register`` at once finds it still
+    importing, and a process started cold here would compete with it for the CPU. Still not
+    ready then: :class:`TimeoutError`."""
     import time
 
     try:
@@ -122,8 +124,10 @@ def _wait_ready(socket_path: str) -> None:
             pid = int(file.read())
     except (OSError, ValueError):
         return  # none started (or gone): connecting says so
-    deadline = time.monotonic() + WAIT
-    while not os.path.exists(socket_path) and alive(pid) and time.monotonic() < deadline:
+    deadline = time.monotonic() + wait
+    while not os.path.exists(socket_path) and alive(pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the warm process (pid {pid}) did not get ready in {wait:g} s")
         time.sleep(0.02)
 
 
