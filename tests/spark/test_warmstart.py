@@ -739,17 +739,24 @@ OWN_DAEMON = "SPLITFLOW_TEST_OWN_DAEMON"
 
 
 def _tree(spark: Any) -> str:
-    """The JVM's and the warm process's Python children: pid, parent, command."""
-
-    def line(process: psutil.Process) -> str:
-        with contextlib.suppress(psutil.Error):
-            return f"{process.pid}<-{process.ppid()} {' '.join(process.cmdline()[:4])}"
-        return f"{process.pid} (gone)"
-
-    jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
-    warm = WarmStart.start()
-    roots = [jvm, *([psutil.Process(warm.process.pid)] if warm is not None else [])]
-    return "; ".join(line(p) for root in roots for p in [root, *root.children(recursive=True)])
+    """The JVM's and the warm process's descendants: pid, parent, command."""
+    warm = WarmStart._current  # as it is: start() would replace one that ended
+    pids = [spark.sparkContext._gateway.proc.pid, *([warm.process.pid] if warm else [])]
+    found = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            processes = []
+            found.append(f"{pid} (gone)")
+        for process in processes:
+            try:
+                command = " ".join(process.cmdline()[:4])
+                found.append(f"{process.pid}<-{process.ppid()} {command}")
+            except psutil.Error:
+                found.append(f"{process.pid} (gone)")
+    return "; ".join(found)
 
 
 _SESSION_DRIVER = """
