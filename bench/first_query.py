@@ -74,11 +74,20 @@ def write_files(directory: Path) -> None:
 
 
 class _Timed:
-    """A session builder whose ``getOrCreate()`` is timed (the JVM's start)."""
+    """A session builder whose ``getOrCreate()`` is timed (the JVM's start); ``session``
+    reads its options and may add one (Spark's Unix sockets)."""
 
     def __init__(self, builder: Any) -> None:
         self.builder = builder
         self.seconds = 0.0
+
+    @property
+    def _options(self) -> dict[str, Any]:
+        return dict(self.builder._options)
+
+    def config(self, key: str, value: str) -> _Timed:
+        self.builder = self.builder.config(key, value)
+        return self
 
     def getOrCreate(self) -> Any:
         began = time.perf_counter()
