@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
@@ -1046,3 +1046,99 @@ def test_an_initial_offset_read_by_another_planner_is_a_clear_error(clock: FakeC
     start = as_spark_stores_it(planner_for(catalog, clock).initial_offset())
     with pytest.raises(ValueError, match="initial offset holds no state"):
         planner_for(catalog, clock).read_offset(start)
+
+
+# -- the enumerator's changed_positions ----------------------------------------------------------
+
+
+class _UntrackedEnumerator(SequenceEnumerator):
+    def changed_positions(self, since: object | None) -> None:
+        return None  # as an enumerator that does not track changes
+
+
+class _UntrackedSequenceSource(SequenceSource):
+    """The sequence source whose enumerator answers only ``latest_positions``."""
+
+    def create_enumerator(self, context: Any) -> Any:
+        return _UntrackedEnumerator(self, context, None)
+
+    def restore_enumerator(self, context: Any, state: Any) -> Any:
+        return _UntrackedEnumerator(self, context, state)
+
+
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "add", "seal", "remove", "batch", "restart", "availableNow"]),
+        st.integers(0, 6),
+    ),
+    max_size=30,
+)
+_LIMITS = [READ_ALL, MaxRecords(7), MaxRecords(40)]
+
+
+def _restarted(query: Query, parallelism: int, clock: FakeClock) -> Query:
+    """``query`` run anew (a new planner) from its last offset, at ``parallelism``."""
+    restarted = Query(Planner(query.source, parallelism, clock=clock), query.offset)
+    restarted.read = query.read
+    return restarted
+
+
+@PROPERTY
+@given(_STEPS)
+@example([("append", 0), ("batch", 1), ("remove", 0), ("batch", 0)])  # gone, not yet discovered
+@example([("append", 1), ("seal", 1), ("batch", 1), ("append", 2), ("restart", 2), ("batch", 0)])
+def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plans(
+    steps: list[tuple[str, int]],
+) -> None:
+    """The sequence enumerator tracks changes; a copy of it that does not makes its planner
+    ask ``latest_positions`` for every split at every planning. Driven through the same
+    appends, new, sealed and removed splits, limits, restarts (at another parallelism) and
+    ``availableNow`` runs, both plan the same offsets and read every record once."""
+    lengths = {f"s{i}": 10 * i for i in range(4)}
+    catalogs = [SequenceCatalog(lengths), SequenceCatalog(lengths)]
+    clocks = [FakeClock(), FakeClock()]
+    queries = [
+        Query(
+            Planner(SequenceSource(catalogs[0], discovery_interval=DISCOVERY), 2, clock=clocks[0])
+        ),
+        Query(
+            Planner(
+                _UntrackedSequenceSource(catalogs[1], discovery_interval=DISCOVERY),
+                2,
+                clock=clocks[1],
+            )
+        ),
+    ]
+    for op, arg in steps:
+        for q, (catalog, clock) in enumerate(zip(catalogs, clocks, strict=True)):
+            clock.advance(DISCOVERY / 5)  # a discovery every fifth step
+            names = sorted(catalog.lengths())
+            name = names[arg % len(names)] if names else None
+            if op == "batch":
+                queries[q].batch(_LIMITS[arg % len(_LIMITS)])
+            elif op == "restart":
+                queries[q] = _restarted(queries[q], 1 + arg % 3, clock)
+            elif op == "availableNow":  # a run of its own, then the query runs on
+                queries[q] = _restarted(queries[q], 2, clock)
+                queries[q].planner.prepare_available_now()
+                queries[q].drain(MaxRecords(25))
+                queries[q] = _restarted(queries[q], 2, clock)
+            elif op == "add" and f"n{arg}" not in catalog.lengths():
+                catalog.add(f"n{arg}", arg)
+            elif op == "append" and name is not None and not catalog.is_sealed(name):
+                catalog.append(name, 5)
+            elif op == "seal" and name is not None:
+                catalog.seal(name)
+            elif op == "remove" and name is not None:
+                catalog.remove(name)
+        assert queries[0].offset == queries[1].offset, f"after {op} {arg}"
+        for planner in (query.planner for query in queries):  # keeps nothing of other splits
+            assert planner._extent_of.keys() <= planner._slot_of.keys()
+            assert planner._unknown <= planner._slot_of.keys()
+    for clock, query in zip(clocks, queries, strict=True):
+        clock.advance(DISCOVERY)
+        query.drain()
+    assert queries[0].offset == queries[1].offset
+    assert queries[0].read == queries[1].read
+    assert_exactly_once(queries[0].read, set(queries[0].read))
+    assert set(catalogs[0].records()) <= set(queries[0].read)

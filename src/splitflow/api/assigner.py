@@ -411,7 +411,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         vanished = sorted(set().union(*(ids - found for ids in held)))
         if vanished:
             self.on_splits_vanished(vanished)
-        fresh = found - held[0] - held[1] - held[2] - self._finished.keys()
+        fresh = found - held[1] - held[0] - held[2] - self._finished.keys()  # most held first
         new = [s for sid, s in current.items() if sid in fresh] if fresh else []
         at_start, self._listed = not self._listed, True
         self._discovered = True

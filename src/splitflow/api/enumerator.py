@@ -228,6 +228,31 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         """
         return {}
 
+    def changed_positions(
+        self, since: object | None
+    ) -> tuple[object, Mapping[str, SplitExtent | None]] | None:
+        """The splits whose extent changed since the call that returned token ``since``.
+
+        Optional; lets a runtime that plans every micro-batch ask only for what changed,
+        not for every split it holds (a listing's generation, a log position, a catalog's
+        version say what changed). Returns ``(token, changes)``: ``changes`` maps the id of
+        every split whose extent changed after ``since`` was made to its extent now (as
+        :meth:`latest_positions` would give it), or to None where the split cannot be
+        told any more (it vanished); the runtime passes ``token`` (any object, never
+        persisted) to its next call. A split the runtime does not hold is ignored, and a
+        split reported although unchanged costs only its look-up; a change left out is
+        never planned. ``since`` None: the runtime knows nothing yet; ``changes`` may be
+        empty then.
+
+        Called by: the coordinator thread, once per planning, before :meth:`latest_positions`
+        for the splits the runtime has no extent of yet (its first call, splits assigned
+        since); the runtime keeps every other split's last extent. Blocking: as
+        :meth:`latest_positions`.
+        Default: None, changes are not tracked; the runtime then asks
+        :meth:`latest_positions` for every split it holds, every time.
+        """
+        return None
+
     def event_times(self, splits: Sequence[SplitT]) -> Mapping[str, int]:
         """Event time of the first record at or after each split's position, without reading
         the split (microseconds since the epoch, of :attr:`Source.event_time_column`).

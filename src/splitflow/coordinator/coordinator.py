@@ -433,6 +433,11 @@ class SourceCoordinator(Generic[SplitT, EnumStateT]):
     def latest_positions(self, splits: Sequence[SplitT]) -> Future[Mapping[str, SplitExtent]]:
         return self._submit(lambda: self.enumerator.latest_positions(splits))
 
+    def changed_positions(
+        self, since: object | None
+    ) -> Future[tuple[object, Mapping[str, SplitExtent | None]] | None]:
+        return self._submit(lambda: self.enumerator.changed_positions(since))
+
     def event_times(self, splits: Sequence[SplitT]) -> Future[Mapping[str, int]]:
         return self._submit(lambda: dict(self.enumerator.event_times(splits)))
 

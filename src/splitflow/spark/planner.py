@@ -127,12 +127,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
-        # The extents and backlog boundaries seen at the last planning, and the backlogs
-        # then: a planning recomputes only the splits whose extent or boundary changed since
-        # (found by identity at C speed while the splits are the same) and those _changed
-        # (read, rewound or assigned since its checks).
+        # Each held split's extent, as last learnt (_extents), and the backlog boundaries
+        # seen at the last planning, and the backlogs then: a planning recomputes only the
+        # splits whose extent (_moved: None, every split) or boundary changed since and
+        # those _changed (read, rewound or assigned since its checks).
         self._changed: set[str] = set()
-        self._extents_seen: dict[str, SplitExtent] = {}
+        self._extent_of: dict[str, SplitExtent] = {}
+        self._moved: set[str] | None = None
+        self._token: object | None = None  # of the enumerator's changed_positions
+        self._unknown: set[str] = set()  # held splits assigned since the last _extents
         self._boundaries_seen: dict[str, int] = {}
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
@@ -160,8 +163,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted = set()
         self._slot_of, self._built = {}, {}
         self._changed = set()
-        self._extents_seen, self._boundaries_seen, self._backlog_of = {}, {}, {}
-        self._lag_of = {}
+        self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
+        self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -231,12 +234,12 @@ class Planner(Generic[SplitT, EnumStateT]):
                 slot[split.split_id] = split
                 self._slot_of[split.split_id] = reader_id
             self._changed.update(s.split_id for s in message.splits)
+            self._unknown.update(s.split_id for s in message.splits)
             self._unsorted.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
                 if slot.pop(split_id, None) is not None:
-                    self._slot_of.pop(split_id, None)
-                    self._lag_of.pop(split_id, None)
+                    self._forget(split_id)
         elif isinstance(message, ReaderEvent):
             self._to_readers.setdefault(reader_id, []).append(message.event)
         elif isinstance(message, NoMoreSplits):
@@ -305,7 +308,7 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _fix_target_now(self) -> None:
         self._target = {sid: extent.exists_to for sid, extent in self._extents().items()}
         self._fix_target = False
-        self._extents_seen = {}  # every backlog is capped anew
+        self._moved = None  # every backlog is capped anew
 
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
@@ -553,10 +556,59 @@ class Planner(Generic[SplitT, EnumStateT]):
         return min(extent.latest, self._target.get(split_id, 0))
 
     def _extents(self) -> dict[str, SplitExtent]:
-        held = [s for slot in self._slots.values() for s in slot.values()]
-        if not held:
-            return {}
-        return dict(self._settle(self.coordinator.latest_positions(held)))
+        """How far each held split can be read now; notes in ``_moved`` the splits whose
+        extent may have changed since the last call.
+
+        From the enumerator's ``changed_positions`` where it tracks changes (then, after
+        its first call in a run, only the splits assigned since are asked for), else
+        ``latest_positions`` of every split, its changes found by identity at C speed while
+        the splits are the same.
+        """
+        coordinator = self.coordinator
+        tracked = self._settle(coordinator.changed_positions(self._token))
+        if tracked is None or self._token is None:  # ask for every held split
+            self._unknown = set()
+            self._token = None if tracked is None else tracked[0]
+            held = [s for slot in self._slots.values() for s in slot.values()]
+            extents = dict(self._settle(coordinator.latest_positions(held))) if held else {}
+            self._note_moved(_changed_keys(self._extent_of, extents, is_not))
+            self._extent_of = extents
+            return extents
+        self._token, changes = tracked
+        extents = self._extent_of
+        moved = changes.keys() & self._slot_of.keys()
+        for sid in moved:
+            extent = changes[sid]
+            if extent is None:
+                extents.pop(sid, None)
+            else:
+                extents[sid] = extent
+        ask = [self._slots[self._slot_of[sid]][sid] for sid in sorted(self._unknown)]
+        self._unknown = set()
+        if ask:
+            told = self._settle(coordinator.latest_positions(ask))
+            asked = {split.split_id for split in ask}
+            extents.update(told)
+            for sid in asked - told.keys():  # cannot be told: as if it vanished
+                extents.pop(sid, None)
+            moved |= asked
+        self._note_moved(moved)
+        return extents
+
+    def _note_moved(self, moved: set[str] | None) -> None:
+        """Splits whose extent may have changed (None: any), for the next :meth:`_backlogs`."""
+        if moved is None or self._moved is None:
+            self._moved = None
+        else:
+            self._moved |= moved
+
+    def _forget(self, split_id: str) -> None:
+        """Split ``split_id`` left its slot (finished or removed)."""
+        self._slot_of.pop(split_id, None)
+        self._lag_of.pop(split_id, None)
+        self._backlog_of.pop(split_id, None)
+        self._extent_of.pop(split_id, None)
+        self._unknown.discard(split_id)
 
     def _backlogs(
         self, extents: dict[str, SplitExtent]
@@ -569,12 +621,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         Only the splits whose extent or position changed since the last call are looked at
         (every split after the splits held changed), with the backlogs kept from then.
         """
-        seen, self._extents_seen = self._extents_seen, extents
+        moved, self._moved = self._moved, set()
         backlogs = self._backlog_of
         check: Iterable[str]
-        changed = _changed_keys(seen, extents, is_not)
-        if changed is not None:
-            check = changed | self._changed
+        if moved is not None:
+            check = moved | self._changed
         else:
             check = extents
             backlogs.clear()
@@ -631,8 +682,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if sids:
                 for sid in sids:
                     if self._slots[slot_id].pop(sid, None) is not None:  # not finished before
-                        self._slot_of.pop(sid, None)
-                        self._lag_of.pop(sid, None)
+                        self._forget(sid)
                 event = SplitsFinishedEvent(tuple(sids))
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
         return any(ended.values())
@@ -733,7 +783,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             stop = split.position + reads[sid]
             slices[index[sid]] = Slice(split, stop)
             slot[sid] = with_position(split, stop)
-            self._note_lag(sid, self._extents_seen.get(sid), stop)
+            self._note_lag(sid, self._extent_of.get(sid), stop)
         self._changed |= read
         built_now = tuple(slices)
         self._built[slot_id] = (built_now, index)

@@ -218,6 +218,34 @@ class SourceReaderContract(_ContractBase):
         harness.close()
         return splits, dict(extents)
 
+    def test_changed_positions_tell_what_latest_positions_tells(self) -> None:
+        """Where the enumerator tracks changes (``changed_positions``), the extents a
+        runtime keeps from them after the upstream changed are those ``latest_positions``
+        gives then."""
+        harness = SourceHarness(self.make_source(), 1)
+        harness.settle()
+        splits = harness.reader_splits()[0]
+        tracked = harness._await(harness.coordinator.changed_positions(None))
+        if tracked is None:
+            harness.close()
+            raise unittest.SkipTest("the enumerator does not track changes")
+        token, _ = tracked
+        kept = dict(harness._await(harness.coordinator.latest_positions(splits)))
+        self.change_upstream_between_reads()
+        for _ in range(2):  # a token's changes, then none or those made since
+            tracked = harness._await(harness.coordinator.changed_positions(token))
+            assert tracked is not None, "changed_positions stopped tracking changes"
+            token, changes = tracked
+            for sid in changes.keys() & {split.split_id for split in splits}:
+                extent = changes[sid]
+                if extent is None:
+                    kept.pop(sid, None)
+                else:
+                    kept[sid] = extent
+            now = dict(harness._await(harness.coordinator.latest_positions(splits)))
+            assert kept == now, f"kept from changes {kept}, latest_positions {now}"
+        harness.close()
+
     def read(self, reader: Any, context: RecordingReaderContext, out: Collector[Any]) -> None:
         for _ in range(100_000):
             status = reader.poll_next(out)

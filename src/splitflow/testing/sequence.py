@@ -33,6 +33,10 @@ class SequenceCatalog:
     so a source that refers to one stays small and picklable. With ``path``, the catalog
     lives in that JSON file instead, written atomically on every change and read on every
     look-up, so that other processes (a Spark runner, executors) see the same splits.
+
+    Every change (a split added, appended to, sealed or removed) gets the next version, so
+    that :meth:`changes` tells what changed since a version (what a
+    :meth:`~splitflow.api.enumerator.SplitEnumerator.changed_positions` needs).
     """
 
     _registry: ClassVar[weakref.WeakValueDictionary[str, SequenceCatalog]] = (
@@ -45,6 +49,8 @@ class SequenceCatalog:
         self._lock = threading.Lock()
         self._lengths: dict[str, int] = dict(splits or {})
         self._sealed: set[str] = set()
+        self._version = 0
+        self._versions: dict[str, int] = {}  # name -> version of its last change, in order
         self.path = path
         if path is not None:
             self.key = f"file:{os.path.abspath(path)}"
@@ -68,12 +74,22 @@ class SequenceCatalog:
                 data = json.load(f)
             self._lengths = {str(k): int(v) for k, v in data["lengths"].items()}
             self._sealed = set(data["sealed"])
+            self._version = int(data.get("version", 0))
+            self._versions = {str(k): int(v) for k, v in data.get("versions", {}).items()}
 
     def _save(self) -> None:
         if self.path is not None:
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"lengths": self._lengths, "sealed": sorted(self._sealed)}, f)
+                json.dump(
+                    {
+                        "lengths": self._lengths,
+                        "sealed": sorted(self._sealed),
+                        "version": self._version,
+                        "versions": self._versions,
+                    },
+                    f,
+                )
             os.replace(tmp, self.path)
 
     def add(self, name: str, length: int = 0) -> None:
@@ -82,20 +98,20 @@ class SequenceCatalog:
             if name in self._lengths:
                 raise ValueError(f"split {name} already exists")
             self._lengths[name] = length
-            self._save()
+            self._changed(name)
 
     def append(self, name: str, count: int) -> None:
         with self._lock:
             self._load()
             self._lengths[name] += count
-            self._save()
+            self._changed(name)
 
     def remove(self, name: str) -> None:
         with self._lock:
             self._load()
             del self._lengths[name]
             self._sealed.discard(name)
-            self._save()
+            self._changed(name)
 
     def seal(self, name: str) -> None:
         """No record will be appended to ``name`` any more: it ends at its length."""
@@ -104,7 +120,14 @@ class SequenceCatalog:
             if name not in self._lengths:
                 raise KeyError(name)
             self._sealed.add(name)
-            self._save()
+            self._changed(name)
+
+    def _changed(self, name: str) -> None:
+        """Split ``name`` changed: it moves to the end of the versions, with the next one."""
+        self._version += 1
+        self._versions.pop(name, None)
+        self._versions[name] = self._version
+        self._save()
 
     def is_sealed(self, name: str) -> bool:
         with self._lock:
@@ -133,6 +156,20 @@ class SequenceCatalog:
         with self._lock:
             self._load()
             return dict(self._lengths), frozenset(self._sealed)
+
+    def changes(self, since: int | None) -> tuple[int, dict[str, tuple[int, bool] | None]]:
+        """The version now, and ``(length, sealed)`` of each split that changed after
+        version ``since`` (None: removed), read atomically; ``since`` None: none."""
+        with self._lock:
+            self._load()
+            changed: dict[str, tuple[int, bool] | None] = {}
+            if since is not None:
+                for name, version in reversed(self._versions.items()):
+                    if version <= since:
+                        break
+                    length = self._lengths.get(name)
+                    changed[name] = None if length is None else (length, name in self._sealed)
+            return self._version, changed
 
     def records(self) -> list[SequenceRecord]:
         """Every record that exists now, in a canonical order."""
@@ -172,9 +209,7 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
 
     def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
         lengths, sealed = self._source.catalog.extents()
-        if len(self._extents) > 100_000:
-            self._extents = {}
-        shared = self._extents  # one object per distinct extent
+        shared = self._extents
         result = {}
         for split in splits:
             if split.end is not None:
@@ -183,11 +218,31 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
                 key = (lengths[split.name], split.name in sealed)
             else:
                 continue  # vanished: nothing can be planned for it
-            extent = shared.get(key)
-            if extent is None:
-                extent = shared[key] = SplitExtent(*key, self._source.record_bytes)
-            result[split.split_id] = extent
+            result[split.split_id] = shared.get(key) or self._extent(*key)
         return result
+
+    def changed_positions(
+        self, since: object | None
+    ) -> tuple[object, Mapping[str, SplitExtent | None]]:
+        """The catalog's changes since version ``since``. A bounded source's extents are
+        fixed when its splits are discovered: no change is reported."""
+        tracked = since if isinstance(since, int) and not self._source.bounded else None
+        version, changed = self._source.catalog.changes(tracked)
+        return version, {
+            name: None if extent is None else self._extent(*extent)
+            for name, extent in changed.items()
+        }
+
+    def _extent(self, latest: int, final: bool) -> SplitExtent:
+        """One object per distinct extent (the planner compares extents by identity)."""
+        if len(self._extents) > 100_000:
+            self._extents = {}
+        extent = self._extents.get((latest, final))
+        if extent is None:
+            extent = self._extents[latest, final] = SplitExtent(
+                latest, final, self._source.record_bytes
+            )
+        return extent
 
 
 class SequenceSource(
