@@ -230,11 +230,11 @@ class Planner(Generic[SplitT, EnumStateT]):
     def send(self, reader_id: int, message: ReaderMessage[SplitT]) -> None:
         slot = self._slots[reader_id]
         if isinstance(message, AddSplits):
-            for split in message.splits:
-                slot[split.split_id] = split
-                self._slot_of[split.split_id] = reader_id
-            self._changed.update(s.split_id for s in message.splits)
-            self._unknown.update(s.split_id for s in message.splits)
+            ids = [split.split_id for split in message.splits]
+            slot.update(zip(ids, message.splits, strict=True))
+            self._slot_of.update(dict.fromkeys(ids, reader_id))
+            self._changed.update(ids)
+            self._unknown.update(ids)
             self._unsorted.add(reader_id)
         elif isinstance(message, ReaderEvent) and isinstance(message.event, SplitsRemovedEvent):
             for split_id in message.event.split_ids:
