@@ -1097,6 +1097,7 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
     lengths = {f"s{i}": 10 * i for i in range(4)}
     catalogs = [SequenceCatalog(lengths), SequenceCatalog(lengths)]
     clocks = [FakeClock(), FakeClock()]
+    gone: set[str] = set()
     queries = [
         Query(
             Planner(SequenceSource(catalogs[0], discovery_interval=DISCOVERY), 2, clock=clocks[0])
@@ -1123,7 +1124,7 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
                 queries[q].planner.prepare_available_now()
                 queries[q].drain(MaxRecords(25))
                 queries[q] = _restarted(queries[q], 2, clock)
-            elif op == "add" and f"n{arg}" not in catalog.lengths():
+            elif op == "add" and f"n{arg}" not in catalog.lengths() and f"n{arg}" not in gone:
                 catalog.add(f"n{arg}", arg)
             elif op == "append" and name is not None and not catalog.is_sealed(name):
                 catalog.append(name, 5)
@@ -1131,10 +1132,17 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
                 catalog.seal(name)
             elif op == "remove" and name is not None:
                 catalog.remove(name)
+                gone.add(name)  # a split id is never used again
         assert queries[0].offset == queries[1].offset, f"after {op} {arg}"
+        if op == "batch":  # Spark asks for progress after each planning
+            assert queries[0].planner.lag() == queries[1].planner.lag()
         for planner in (query.planner for query in queries):  # keeps nothing of other splits
             assert planner._extent_of.keys() <= planner._slot_of.keys()
             assert planner._unknown <= planner._slot_of.keys()
+            totals: Counter[int] = Counter()  # each slot's lag, kept as splits move
+            for sid, lag in planner._lag_of.items():
+                totals[planner._slot_of[sid]] += lag
+            assert {slot: lag for slot, lag in planner._slot_lag.items() if lag} == totals
     for clock, query in zip(clocks, queries, strict=True):
         clock.advance(DISCOVERY)
         query.drain()
@@ -1142,3 +1150,76 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
     assert queries[0].read == queries[1].read
     assert_exactly_once(queries[0].read, set(queries[0].read))
     assert set(catalogs[0].records()) <= set(queries[0].read)
+
+
+class _AwkwardSource(SequenceSource):
+    """A tracking sequence source whose enumerator is awkward the way real ones may be
+    (``awkward``): ``untold``, it cannot tell split ``late`` the first time it is asked
+    for it; ``racing``, a writer appends to ``late`` right after the enumerator read the
+    catalog for it; ``forgets``, once told to (``forget``), it cannot tell what changed
+    and from then on knows no change made before."""
+
+    def __init__(self, catalog: SequenceCatalog, awkward: str) -> None:
+        super().__init__(catalog, discovery_interval=DISCOVERY)
+        self.awkward = awkward
+
+    def create_enumerator(self, context: Any) -> Any:
+        catalog, awkward = self.catalog, self.awkward
+
+        class Enumerator(SequenceEnumerator):
+            asked_late = 0  # by the planner (the enumerator also asks when it adds splits)
+            adding = False
+            forget = False
+            floor = 0
+
+            def add_splits(self, splits: Any, *, at_start: bool = False) -> None:
+                self.adding = True
+                try:
+                    super().add_splits(splits, at_start=at_start)
+                finally:
+                    self.adding = False
+
+            def latest_positions(self, splits: Any) -> Any:
+                told = dict(super().latest_positions(splits))
+                if not self.adding and any(split.name == "late" for split in splits):
+                    self.asked_late += 1
+                    if self.asked_late == 1 and awkward == "untold":
+                        del told["late"]
+                    if self.asked_late == 1 and awkward == "racing":
+                        catalog.append("late", 3)
+                return told
+
+            def changed_positions(self, since: object | None) -> Any:
+                if self.forget:
+                    self.forget, self.floor = False, catalog.changes(None)[0]
+                    return None
+                if isinstance(since, int):
+                    since = max(since, self.floor)
+                return super().changed_positions(since)
+
+        return Enumerator(self, context, None)
+
+
+@pytest.mark.parametrize("awkward", ["untold", "racing", "forgets"])
+def test_a_tracking_planner_reads_every_record_of_an_awkward_source(
+    clock: FakeClock, awkward: str
+) -> None:
+    """A split the source could not tell is asked for again (``untold``), a change made
+    while the planner asked for a new split is planned (``racing``: the token is older
+    than what the source read), and a call that cannot tell what changed makes the
+    planner ask for every split (``forgets``): every record is read once."""
+    catalog = SequenceCatalog({"a": 5, "b": 5})
+    query = Query(Planner(_AwkwardSource(catalog, awkward), 2, clock=clock))
+    query.drain()
+    catalog.add("late", 4)
+    clock.advance(DISCOVERY)
+    query.drain()
+    catalog.append("b", 3)
+    enumerator = query.planner.coordinator.enumerator
+    enumerator.forget = awkward == "forgets"
+    for _ in range(3):
+        clock.advance(DISCOVERY)
+        query.drain()
+    assert enumerator.asked_late >= 1  # the planner asked for the late split
+    assert not enumerator.forget  # and the enumerator forgot, when told to
+    assert_exactly_once(query.read, catalog.records())

@@ -239,15 +239,20 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
         every split whose extent changed after ``since`` was made to its extent now (as
         :meth:`latest_positions` would give it), or to None where the split cannot be
         told any more (it vanished); the runtime passes ``token`` (any object, never
-        persisted) to its next call. A split the runtime does not hold is ignored, and a
-        split reported although unchanged costs only its look-up; a change left out is
-        never planned. ``since`` None: the runtime knows nothing yet; ``changes`` may be
-        empty then.
+        persisted) to its next call. The token must be no newer than the extents given
+        with it (read together, or the token first): a change between the two is then
+        reported again by the next call instead of lost. A split the runtime does not hold
+        is ignored, and a split reported although unchanged costs only its look-up; a
+        change left out is never planned. ``since`` None: the runtime knows nothing yet;
+        ``changes`` may be empty then. None instead of a pair, on any call: the source
+        cannot tell now (a token older than its history, a store rewritten); the runtime
+        then asks :meth:`latest_positions` for every split it holds and starts again.
 
-        Called by: the coordinator thread, once per planning, before :meth:`latest_positions`
-        for the splits the runtime has no extent of yet (its first call, splits assigned
-        since); the runtime keeps every other split's last extent. Blocking: as
-        :meth:`latest_positions`.
+        Called by: the coordinator thread, at least once per planning (again after splits
+        finish), before :meth:`latest_positions` for the splits the runtime has no extent
+        of (all of them at its first call, then splits assigned since, and splits that
+        :meth:`latest_positions` left out the time before); the runtime keeps every other
+        split's last extent. Blocking: as :meth:`latest_positions`.
         Default: None, changes are not tracked; the runtime then asks
         :meth:`latest_positions` for every split it holds, every time.
         """

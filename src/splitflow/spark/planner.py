@@ -139,6 +139,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._boundaries_seen: dict[str, int] = {}
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
+        self._slot_lag: dict[int, int] = {}  # slot -> the sum of its splits' _lag_of
         # Each slot's slices in the last offset and their index by split id, reused by the
         # next while the slot holds the same splits.
         self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
@@ -165,6 +166,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._changed = set()
         self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
         self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
+        self._slot_lag = dict.fromkeys(range(self.parallelism), 0)
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -556,8 +558,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         return min(extent.latest, self._target.get(split_id, 0))
 
     def _extents(self) -> dict[str, SplitExtent]:
-        """How far each held split can be read now; notes in ``_moved`` the splits whose
-        extent may have changed since the last call.
+        """How far each held split can be read now (the planner's own dict, kept up to date
+        from call to call: read it within one planning); notes in ``_moved`` the splits
+        whose extent may have changed since the last call.
 
         From the enumerator's ``changed_positions`` where it tracks changes (then, after
         its first call in a run, only the splits assigned since are asked for), else
@@ -566,33 +569,40 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         coordinator = self.coordinator
         tracked = self._settle(coordinator.changed_positions(self._token))
-        if tracked is None or self._token is None:  # ask for every held split
-            self._unknown = set()
-            self._token = None if tracked is None else tracked[0]
+        if tracked is None:  # ask for every held split
+            self._token, self._unknown = None, set()
             held = [s for slot in self._slots.values() for s in slot.values()]
             extents = dict(self._settle(coordinator.latest_positions(held))) if held else {}
             self._note_moved(_changed_keys(self._extent_of, extents, is_not))
             self._extent_of = extents
             return extents
-        self._token, changes = tracked
+        first, (self._token, changes) = self._token is None, tracked
         extents = self._extent_of
-        moved = changes.keys() & self._slot_of.keys()
-        for sid in moved:
-            extent = changes[sid]
-            if extent is None:
-                extents.pop(sid, None)
-            else:
-                extents[sid] = extent
-        ask = [self._slots[self._slot_of[sid]][sid] for sid in sorted(self._unknown)]
-        self._unknown = set()
-        if ask:
-            told = self._settle(coordinator.latest_positions(ask))
-            asked = {split.split_id for split in ask}
-            extents.update(told)
-            for sid in asked - told.keys():  # cannot be told: as if it vanished
-                extents.pop(sid, None)
-            moved |= asked
-        self._note_moved(moved)
+        if first:  # at a start, or after the source could not tell: ask for every split
+            extents.clear()
+            self._note_moved(None)
+            ask = [s for slot in self._slots.values() for s in slot.values()]
+            asked, self._unknown = set(self._slot_of), set()
+        else:
+            changed = changes.keys() & self._slot_of.keys()
+            for sid in changed:
+                extent = changes[sid]
+                if extent is None:
+                    extents.pop(sid, None)
+                else:
+                    extents[sid] = extent
+            self._note_moved(changed)
+            asked, self._unknown = self._unknown, set()  # splits assigned from now: next call
+            ask = [self._slots[self._slot_of[sid]][sid] for sid in sorted(asked)]
+        told = self._settle(coordinator.latest_positions(ask)) if ask else {}
+        asked = asked & self._slot_of.keys()  # not those that left their slot meanwhile
+        kept = told.keys() & asked  # what the source was asked and told, nothing else
+        extents.update(told if len(kept) == len(told) else {sid: told[sid] for sid in kept})
+        missing = asked - kept  # cannot be told now: asked again at the next call
+        for sid in missing:
+            extents.pop(sid, None)
+        self._unknown |= missing
+        self._note_moved(asked)
         return extents
 
     def _note_moved(self, moved: set[str] | None) -> None:
@@ -604,8 +614,8 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
+        self._set_lag(split_id, 0)
         self._slot_of.pop(split_id, None)
-        self._lag_of.pop(split_id, None)
         self._backlog_of.pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
@@ -630,6 +640,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             check = extents
             backlogs.clear()
             self._lag_of.clear()
+            self._slot_lag = dict.fromkeys(self._slot_lag, 0)
         ended: dict[int, list[str]] = {}
         uncapped = self._target is None
         for sid in check:
@@ -637,7 +648,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             extent = extents.get(sid)
             if slot_id is None or extent is None:
                 backlogs.pop(sid, None)
-                self._lag_of.pop(sid, None)
+                if slot_id is not None:  # a split no longer held lags no more (_forget)
+                    self._set_lag(sid, 0)
                 continue
             position = self._slots[slot_id][sid].position
             self._note_lag(sid, extent, position)
@@ -652,11 +664,15 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _note_lag(self, split_id: str, extent: SplitExtent | None, position: int) -> None:
         """Keep what exists of split ``split_id`` past ``position`` (for :meth:`lag`)."""
-        lag = 0 if extent is None else extent.exists_to - position
-        if lag > 0:
+        self._set_lag(split_id, 0 if extent is None else max(0, extent.exists_to - position))
+
+    def _set_lag(self, split_id: str, lag: int) -> None:
+        """Split ``split_id`` (held) lags ``lag``; its slot's total follows."""
+        was = self._lag_of.pop(split_id, 0)
+        if lag:
             self._lag_of[split_id] = lag
-        else:
-            self._lag_of.pop(split_id, None)
+        if lag != was:
+            self._slot_lag[self._slot_of[split_id]] += lag - was
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
@@ -881,7 +897,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         every trigger and kept in every progress event, so it must not grow with the source).
         """
         if self._latest_extents is not None:  # Spark asks right after latestOffset
-            extents, lags = self._latest_extents, self._lag_of
+            extents, lags, slot_lag = self._latest_extents, self._lag_of, self._slot_lag
         else:  # before this run planned: from the extents now
             extents = self._extents() if self._coordinator is not None else {}
             lags = {
@@ -890,12 +906,12 @@ class Planner(Generic[SplitT, EnumStateT]):
                 for sid, split in slot.items()
                 if sid in extents and (lag := extents[sid].exists_to - split.position) > 0
             }
+            slot_lag = dict.fromkeys(sorted(self._slots), 0)  # none before the start
+            for sid, lag in lags.items():
+                slot_lag[self._slot_of[sid]] += lag
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        slot_lag = dict.fromkeys(sorted(self._slots), 0)  # none before the planner started
-        for sid, lag in lags.items():
-            slot_lag[self._slot_of[sid]] += lag
         slots = [
             {"splits": len(self._slots[slot_id]), "lag": lag} for slot_id, lag in slot_lag.items()
         ]

@@ -32,11 +32,14 @@ class SequenceCatalog:
     Thread-safe. In memory by default: catalogs are registered by ``key`` in this process,
     so a source that refers to one stays small and picklable. With ``path``, the catalog
     lives in that JSON file instead, written atomically on every change and read on every
-    look-up, so that other processes (a Spark runner, executors) see the same splits.
+    look-up, so that other processes (a Spark runner, executors) see the same splits; one
+    process at a time changes it (changes of two would overwrite each other).
 
     Every change (a split added, appended to, sealed or removed) gets the next version, so
     that :meth:`changes` tells what changed since a version (what a
-    :meth:`~splitflow.api.enumerator.SplitEnumerator.changed_positions` needs).
+    :meth:`~splitflow.api.enumerator.SplitEnumerator.changed_positions` needs). A catalog
+    made with ``splits`` over an existing file goes on from the file's version, every
+    split of both changed.
     """
 
     _registry: ClassVar[weakref.WeakValueDictionary[str, SequenceCatalog]] = (
@@ -54,6 +57,12 @@ class SequenceCatalog:
         self.path = path
         if path is not None:
             self.key = f"file:{os.path.abspath(path)}"
+            if splits is not None and os.path.exists(path):
+                self._load()  # what it replaces: every split of both changes
+                names = [*self._versions, *self._lengths, *splits]
+                self._lengths, self._sealed = dict(splits), set()
+                self._version += 1
+                self._versions = dict.fromkeys(names, self._version)
             if splits is not None or not os.path.exists(path):
                 self._save()
             return
@@ -157,11 +166,15 @@ class SequenceCatalog:
             self._load()
             return dict(self._lengths), frozenset(self._sealed)
 
-    def changes(self, since: int | None) -> tuple[int, dict[str, tuple[int, bool] | None]]:
+    def changes(self, since: int | None) -> tuple[int, dict[str, tuple[int, bool] | None] | None]:
         """The version now, and ``(length, sealed)`` of each split that changed after
-        version ``since`` (None: removed), read atomically; ``since`` None: none."""
+        version ``since`` (None: removed), read atomically; ``since`` None: none. None
+        instead of the changes: ``since`` is newer than the catalog (the file was written
+        by an older catalog since), which cannot tell what changed."""
         with self._lock:
             self._load()
+            if since is not None and since > self._version:
+                return self._version, None
             changed: dict[str, tuple[int, bool] | None] = {}
             if since is not None:
                 for name, version in reversed(self._versions.items()):
@@ -223,11 +236,15 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
 
     def changed_positions(
         self, since: object | None
-    ) -> tuple[object, Mapping[str, SplitExtent | None]]:
-        """The catalog's changes since version ``since``. A bounded source's extents are
-        fixed when its splits are discovered: no change is reported."""
+    ) -> tuple[object, Mapping[str, SplitExtent | None]] | None:
+        """The catalog's changes since version ``since`` (None: the catalog cannot tell). A
+        bounded source's extents are fixed when its splits are discovered: no change is
+        reported. A subclass that answers :meth:`latest_positions` otherwise overrides
+        this too (or returns None: changes not tracked)."""
         tracked = since if isinstance(since, int) and not self._source.bounded else None
         version, changed = self._source.catalog.changes(tracked)
+        if changed is None:
+            return None
         return version, {
             name: None if extent is None else self._extent(*extent)
             for name, extent in changed.items()
