@@ -614,7 +614,7 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
-        self._set_lag(split_id, 0)
+        self._note_lag(split_id, None, 0)
         self._slot_of.pop(split_id, None)
         self._backlog_of.pop(split_id, None)
         self._extent_of.pop(split_id, None)
@@ -649,7 +649,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if slot_id is None or extent is None:
                 backlogs.pop(sid, None)
                 if slot_id is not None:  # a split no longer held lags no more (_forget)
-                    self._set_lag(sid, 0)
+                    self._note_lag(sid, None, 0)
                 continue
             position = self._slots[slot_id][sid].position
             self._note_lag(sid, extent, position)
@@ -663,14 +663,14 @@ class Planner(Generic[SplitT, EnumStateT]):
         return dict(backlogs), {slot_id: sorted(sids) for slot_id, sids in ended.items()}
 
     def _note_lag(self, split_id: str, extent: SplitExtent | None, position: int) -> None:
-        """Keep what exists of split ``split_id`` past ``position`` (for :meth:`lag`)."""
-        self._set_lag(split_id, 0 if extent is None else max(0, extent.exists_to - position))
-
-    def _set_lag(self, split_id: str, lag: int) -> None:
-        """Split ``split_id`` (held) lags ``lag``; its slot's total follows."""
+        """Keep what exists of split ``split_id`` (held) past ``position`` (for :meth:`lag`),
+        and its slot's total; no ``extent``: nothing (it is gone, or no longer held)."""
+        lag = 0 if extent is None else extent.exists_to - position
         was = self._lag_of.pop(split_id, 0)
-        if lag:
+        if lag > 0:
             self._lag_of[split_id] = lag
+        else:
+            lag = 0
         if lag != was:
             self._slot_lag[self._slot_of[split_id]] += lag - was
 
