@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import pickle
 from dataclasses import dataclass, field
@@ -173,6 +175,76 @@ def test_with_position_refuses_a_split_that_is_not_a_dataclass_instance() -> Non
         with_position(Plain(), 1)  # type: ignore[type-var]
     with pytest.raises(ContractViolation):
         with_position(FileSplit, 1)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class _Checked:
+    name: str
+    position: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.name.strip())
+
+
+@dataclass(frozen=True)
+class _Cached:
+    name: str
+    position: int = 0
+
+    @functools.cached_property
+    def key(self) -> str:
+        return f"{self.name}@{self.position}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Slotted:
+    name: str
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class _OwnInit:
+    name: str
+    position: int = 0
+
+    def __init__(self, name: str, position: int = 0) -> None:
+        object.__setattr__(self, "name", f"{name}.")
+        object.__setattr__(self, "position", position)
+
+
+@dataclass(frozen=True)
+class _NotInit:
+    name: str
+    position: int = 0
+    size: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.name) + self.position)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [A, B, _Checked(" c ", 1), _Slotted("s", 2), _OwnInit("o", 3), _NotInit("n", 4)],
+    ids=lambda split: type(split).__name__,
+)
+def test_with_position_is_dataclasses_replace(split: Any) -> None:
+    """The copy made without calling ``__init__`` (plain dataclasses) and the one made by
+    ``dataclasses.replace`` (the others) are the same."""
+    moved = with_position(split, 99)
+    expected = dataclasses.replace(split, position=99)
+    assert moved == expected
+    assert moved is not split
+    if hasattr(split, "__dict__"):
+        assert vars(moved) == vars(expected)
+    assert hash(moved) == hash(expected)
+
+
+def test_with_position_computes_a_cached_property_anew() -> None:
+    split = _Cached("c", 1)
+    assert split.key == "c@1"  # cached in the instance dict
+    moved = with_position(split, 5)
+    assert moved.key == "c@5"
+    assert moved == _Cached("c", 5)
 
 
 def test_split_state_starts_at_the_splits_position_and_snapshots_where_it_got_to() -> None:

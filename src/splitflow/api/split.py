@@ -63,13 +63,53 @@ T = TypeVar("T")
 
 
 def with_position(split: SplitT, position: int) -> SplitT:
-    """Return ``split`` moved to ``position`` (the split itself is never changed)."""
+    """Return ``split`` moved to ``position`` (the split itself is never changed).
+
+    The same as :func:`dataclasses.replace` (``split`` with ``position`` changed), about four
+    times faster for a plain dataclass: one whose ``__init__`` only stores its fields (no
+    ``__post_init__``, no init-only or non-init fields) and whose instance dict holds
+    nothing but them (no cached property). The runtime moves a split once per batch that
+    reads it, and once per split at a restore.
+    """
+    fields = _PLAIN_FIELDS.get(type(split))
+    if fields is None:
+        fields = _plain_fields(split)
+    values = getattr(split, "__dict__", None)
+    if fields and values is not None and len(values) == fields:
+        moved = _new(type(split))
+        moved.__dict__.update(values)
+        _set(moved, "position", position)
+        return moved
+    return cast(SplitT, dataclasses.replace(cast(Any, split), position=position))
+
+
+_new = object.__new__
+_set = object.__setattr__
+_PLAIN_FIELDS: dict[type, int] = {}
+"""Split class -> its field count when :func:`with_position` may copy its instance dict
+(0: it may not, :func:`dataclasses.replace` it)."""
+
+
+def _plain_fields(split: object) -> int:
+    """How many fields a plain dataclass instance ``split`` has (see :func:`with_position`);
+    0 when its class is not plain. Raises ContractViolation for a non-dataclass."""
+    cls = type(split)
     if not dataclasses.is_dataclass(split) or isinstance(split, type):
         raise ContractViolation(
             f"split {split!r} is not a dataclass instance: implement splits as "
             "@dataclass(frozen=True) with a `position: int` field"
         )
-    return cast(SplitT, dataclasses.replace(cast(Any, split), position=position))
+    fields = dataclasses.fields(split)
+    init = getattr(cls.__init__, "__code__", None)
+    plain = (
+        not hasattr(cls, "__post_init__")
+        and len(fields) == len(getattr(cls, "__dataclass_fields__", ()))  # no InitVar, ClassVar
+        and all(f.init for f in fields)
+        and any(f.name == "position" for f in fields)
+        and getattr(init, "co_filename", None) == "<string>"  # made by @dataclass
+    )
+    _PLAIN_FIELDS[cls] = len(fields) if plain else 0
+    return _PLAIN_FIELDS[cls]
 
 
 @dataclass

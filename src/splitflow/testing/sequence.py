@@ -206,10 +206,24 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
         # The answers last given, reused while nothing changed: the runtime asks every batch.
         self._found: dict[str, SequenceSplit] = {}
         self._extents: dict[tuple[int, bool], SplitExtent] = {}
+        self._last_listing: tuple[int, tuple[SequenceSplit, ...]] | None = None  # version, splits
 
     def discover_splits(self) -> Sequence[SequenceSplit]:
+        """Every split of the catalog: the tuple returned last time while no split was
+        added or removed since (nor, bounded, appended to), found from the catalog's
+        changes (the assigner then skips its comparison)."""
         bounded = self._source.boundedness is Boundedness.BOUNDED
         found = self._found
+        last = self._last_listing
+        version, changed = self._source.catalog.changes(None if last is None else last[0])
+        if (
+            last is not None
+            and changed is not None
+            and not (bounded and changed)
+            and all((name in found) == (extent is not None) for name, extent in changed.items())
+        ):
+            self._last_listing = version, last[1]
+            return last[1]
         splits = []
         for name, n in self._source.catalog.lengths().items():
             split = found.get(name)
@@ -218,7 +232,8 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
             splits.append(split)
         if len(found) > len(splits):  # some vanished
             self._found = {s.name: s for s in splits}
-        return splits
+        self._last_listing = version, tuple(splits)
+        return self._last_listing[1]
 
     def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
         lengths, sealed = self._source.catalog.extents()
