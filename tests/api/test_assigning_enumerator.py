@@ -196,6 +196,53 @@ def test_periodic_discovery_does_not_assign_a_known_split_again() -> None:
     assert added(h) == {0: ["a"], 1: ["b"]}
 
 
+class ListingEnumerator(CatalogEnumerator):
+    """Returns the catalog's ``listing`` object itself, as the test left it."""
+
+    def discover_splits(self) -> Sequence[Split]:
+        self.catalog.discoveries += 1
+        return self.catalog.listing  # type: ignore[no-any-return]
+
+
+def make_listing(catalog: Catalog) -> Harness:
+    source = ReassigningFakeSource(
+        lambda ctx, restored: ListingEnumerator(ctx, catalog, discovery_interval=1.0)
+    )
+    return make_harness(source, 2)
+
+
+def test_a_listing_returned_again_as_the_same_list_grown_in_place_is_read_anew() -> None:
+    catalog = Catalog()
+    catalog.listing = [S("a")]  # type: ignore[attr-defined]
+    h = make_listing(catalog)
+    register(h, 0, 1)
+    catalog.listing.append(S("b"))  # type: ignore[attr-defined]
+
+    h.scheduler.advance(1.0)
+
+    assert added(h) == {0: ["a"], 1: ["b"]}
+
+
+def test_the_same_tuple_returned_again_finds_what_changed_on_the_enumerators_side() -> None:
+    """The listing did not change, its index is reused; splits finished or removed since
+    are still compared with it."""
+    catalog = Catalog()
+    catalog.listing = (S("a"), S("b"), S("c"))  # type: ignore[attr-defined]
+    h = make_listing(catalog)
+    register(h, 0, 1)  # a, c -> 0; b -> 1
+    h.run(h.coordinator.handle_source_event(0, SplitsFinishedEvent(("a",))))
+    h.scheduler.advance(1.0)
+    assert added(h) == {0: ["a", "c"], 1: ["b"]}  # a finished: not assigned again
+
+    catalog.listing = catalog.listing[1:]  # type: ignore[attr-defined]
+    h.scheduler.advance(1.0)
+    assert added(h) == {0: ["a", "c"], 1: ["b"]}
+    catalog.listing = catalog.listing[1:]  # type: ignore[attr-defined]  # b vanished
+    h.scheduler.advance(1.0)
+    assert h.gateway.events(1) == [SplitsRemovedEvent(("b",))]
+    assert h.enumerator.owners() == {"c": 0}
+
+
 def test_one_off_discovery_runs_once() -> None:
     catalog = Catalog(S("a"))
     h = make(catalog, parallelism=1)
