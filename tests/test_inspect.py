@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.spark.test_offset_state import FORMAT_1_OFFSET
 
 from splitflow.errors import ConfigurationError
 from splitflow.inspect import format_table, read_checkpoint
@@ -62,6 +63,27 @@ def test_inspect_reads_an_older_batch_and_knows_it_committed(checkpoint: Path) -
     table = format_table([state])
     assert "batch 0 (committed)" in table
     assert "a " in table
+
+
+def test_inspect_shows_a_split_the_batch_did_not_read_where_it_is(tmp_path: Path) -> None:
+    """The offset keeps b's slice as batch 0 read it; batch 1 leaves b at 4."""
+    catalog = SequenceCatalog({"a": 4, "b": 4})
+    planner = Planner(SequenceSource(catalog), parallelism=2, clock=lambda: 0.0)
+    first = planner.latest_offset(planner.initial_offset(), MaxRecords(8))
+    catalog.append("a", 3)
+    second = planner.latest_offset(first, MaxRecords(8))
+    planner.close()
+    write_checkpoint(tmp_path, [first, second], committed=1)
+    [state] = read_checkpoint(str(tmp_path))
+    rows = {r.split_id: (r.start, r.stop, r.records) for r in state.splits}
+    assert rows == {"a": (4, 7, 3), "b": (4, 4, 0)}
+
+
+def test_inspect_reads_a_checkpoint_written_before_format_3(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, [FORMAT_1_OFFSET], committed=0)
+    [state] = read_checkpoint(str(tmp_path))
+    rows = {r.split_id: (r.owner, r.start, r.stop) for r in state.splits}
+    assert rows == {"a": (0, 2, 4), "c": (0, 0, 0), "b": (1, 2, 3)}
 
 
 def test_inspect_names_what_is_wrong_with_a_bad_path(tmp_path: Path) -> None:

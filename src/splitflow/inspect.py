@@ -27,7 +27,8 @@ from typing import Any
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.eventtime import iso
 from splitflow.spark.ledger import LedgerStore
-from splitflow.spark.offsetstate import SMALL, OffsetState, expand_offset
+from splitflow.spark.offset import OLD_OFFSET_FORMAT
+from splitflow.spark.offsetstate import OLD_SMALL, SMALL, OffsetState, expand_offset
 from splitflow.spark.snapshots import StateRef
 
 
@@ -123,7 +124,7 @@ def read_checkpoint(
 def _source_state(
     batch: int, committed: bool, index: int, offset: dict[str, Any], state_dir: str | None
 ) -> SourceState:
-    if offset.get("splitflow") == SMALL and state_dir is None:
+    if offset.get("splitflow") in (SMALL, OLD_SMALL) and state_dir is None:
         raise ConfigurationError(
             f"batch {batch}: the query keeps its splits in its state directory: pass "
             "--state-dir (option stateDir of the query)",
@@ -135,9 +136,14 @@ def _source_state(
     boundaries = enumerator.get("backlog", {})
     event_times = {k: int(v) for k, v in offset.get("event_times", {}).items()}
     ending = set()
+    seq = int(offset["seq"])
     for slot, slices in enumerate(offset["slots"]):
-        for split_id, split, stop, *ends in slices:
-            start = int(split["position"])
+        for split_id, split, stop, *rest in slices:
+            if offset["splitflow"] == OLD_OFFSET_FORMAT:  # [..., (1 if it ends)]
+                read_by, ends = seq, rest
+            else:  # [..., the batch that read it, (1 if it ends)]
+                read_by, ends = rest[0], rest[1:]
+            start = int(split["position"]) if read_by == seq else int(stop)
             boundary = boundaries.get(split_id)
             watermark = event_times.get(split_id)
             state = "ending" if ends else "reading"

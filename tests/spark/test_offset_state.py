@@ -28,6 +28,7 @@ from tests.spark.test_planner import (
 )
 
 from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords
 from splitflow.spark.offsetstate import (
     COMPACT_EVERY,
@@ -149,14 +150,16 @@ def test_a_batch_writes_a_delta_the_size_of_what_it_changed(tmp_path: Path) -> N
     catalog = SequenceCatalog({f"s{i:05d}": 1 for i in range(2_000)})
     query = Query(planner(catalog, FakeClock(), tmp_path))
     assert query.batch() is not None  # a snapshot: the first batch of the run
-    # the next batch changes every slice (each split was read): a snapshot again
     one_split_at_a_time(query, catalog, 4)
     ref = StateRef.decode(query.offset["state"])
     files = tmp_path / "offsets"
     base = (files / f"snapshot-{ref.base}.json").stat().st_size
     deltas = [(files / f"delta-{d}.json").stat().st_size for d in ref.deltas]
-    assert len(deltas) == 3
-    assert max(deltas) * 200 < base, (deltas, base)  # two splits' slices, not 2,000
+    assert len(deltas) == 4
+    # The first delta also drops the 2,000 backlog boundaries that the first batch reached
+    # (the enumerator's state); each slice stays as the first batch left it.
+    assert 5 * deltas[0] < base, (deltas, base)
+    assert max(deltas[1:]) * 200 < base, (deltas, base)  # one split's slice, not 2,000
 
 
 def test_a_snapshot_comes_after_at_most_compact_every_deltas_or_half_its_size(
@@ -331,7 +334,9 @@ def test_offsets_built_from_the_last_ones_equal_offsets_built_whole(
         assert again == offset
         assert as_spark_stores_it(again.encode(query.source)) == as_spark_stores_it(whole)
         for slot in range(offset.parallelism):
-            assert offset.reading(slot) == tuple(s for s in offset.slots[slot] if s.records > 0)
+            read = tuple(s for s in offset.slots[slot] if s.seq == offset.seq and s.records > 0)
+            assert offset.reading(slot) == read
+            assert again.reading(slot) == read
         assert_progress_is_as_computed_whole(query.planner)
     query.drain()
     removed = {name for name, _ in query.read} - set(catalog.lengths())
@@ -362,3 +367,99 @@ def assert_progress_is_as_computed_whole(planner: Planner[Any, Any]) -> None:
     assert all(row["lag"] == lags[sid] for sid, row in listed.items())
     unlisted = [lag for sid, lag in lags.items() if sid not in listed]
     assert all(row["lag"] >= max(unlisted, default=0) for row in listed.values())
+
+
+# -- checkpoints written before format 3 ----------------------------------------------------
+
+# What splitflow wrote (formats 1 and 2, before slices named the batch that read them) after
+# two batches over splits a (5 records), b (3) and c (0) at parallelism 2: batch 1 read
+# a[0, 2) and b[0, 2), batch 2 read a[2, 4) and b[2, 3).
+_ENUMERATOR_THEN = {
+    "split_codec": 1,
+    "unassigned": {},
+    "assigned": {"a": 0, "c": 0, "b": 1},
+    "finished": [],
+    "discovered": True,
+    "backlog": {"a": 5, "b": 3},
+    "backlog_held": False,
+}
+FORMAT_1_OFFSET = {
+    "splitflow": 1,
+    "seq": 2,
+    "codecs": [1, 1],
+    "enumerator": _ENUMERATOR_THEN,
+    "slots": [
+        [
+            ["a", {"name": "a", "end": None, "position": 2}, 4],
+            ["c", {"name": "c", "end": None, "position": 0}, 0],
+        ],
+        [["b", {"name": "b", "end": None, "position": 2}, 3]],
+    ],
+    "backlog": True,
+    "events_through": 1,
+    "to_readers": {},
+}
+_TOKEN = "aba65047662e4ab99575a6d93cd9ab26"
+FORMAT_2_OFFSET = {
+    "splitflow": 2,
+    "seq": 2,
+    "codecs": [1, 1],
+    "backlog": True,
+    "events_through": 1,
+    "to_readers": {},
+    "ledger": {"base": 0, "deltas": [], "size": 0},
+    "owner": _TOKEN,
+    "parallelism": 2,
+    "state": {"base": 1, "deltas": [2], "size": 3},
+}
+FORMAT_2_FILES = {
+    "owner.json": {"token": _TOKEN, "committed": True},
+    "ledger/snapshot-0.json": {"ids": []},
+    "offsets/snapshot-1.json": {
+        "enumerator": _ENUMERATOR_THEN,
+        "slots": {
+            "0": {
+                "a": ["a", {"name": "a", "end": None, "position": 0}, 2],
+                "c": ["c", {"name": "c", "end": None, "position": 0}, 0],
+            },
+            "1": {"b": ["b", {"name": "b", "end": None, "position": 0}, 2]},
+        },
+        "event_times": {},
+    },
+    "offsets/delta-2.json": {
+        "sub": {
+            "slots": {
+                "sub": {
+                    "0": {"set": {"a": ["a", {"name": "a", "end": None, "position": 2}, 4]}},
+                    "1": {"set": {"b": ["b", {"name": "b", "end": None, "position": 2}, 3]}},
+                }
+            }
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("parallelism", [2, 3])
+@pytest.mark.parametrize("small", [False, True], ids=["format 1", "format 2"])
+def test_a_checkpoint_written_before_format_3_replays_its_batch_and_restarts(
+    tmp_path: Path, small: bool, parallelism: int
+) -> None:
+    state = tmp_path / "state" if small else None
+    if state is not None:
+        for name, content in FORMAT_2_FILES.items():
+            (state / name).parent.mkdir(parents=True, exist_ok=True)
+            (state / name).write_text(json.dumps(content))
+        events = EventStore(str(state))
+        for seq in (1, 2):  # each batch's two tasks wrote their (no) reader events
+            for slot in (0, 1):
+                events.write(seq, slot, slot, [])
+    offset = as_spark_stores_it(FORMAT_2_OFFSET if small else FORMAT_1_OFFSET)
+    catalog = SequenceCatalog({"a": 5, "b": 3, "c": 0})
+    replay = planner(catalog, FakeClock(), state, parallelism)
+    assert sorted(records_of(offset, replay)) == [("a", 2), ("a", 3), ("b", 2)]
+
+    catalog.append("c", 2)
+    query = Query(planner(catalog, FakeClock(), state, parallelism), start=offset)
+    query.drain()
+    assert sorted(query.read) == [("a", 4), ("c", 0), ("c", 1)]
+    assert query.offset["splitflow"] == (SMALL if small else FULL)

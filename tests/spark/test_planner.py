@@ -298,7 +298,7 @@ def batch_offset(*slots: list[tuple[str, int, int]]) -> BatchOffset[SequenceSpli
         seq=1,
         enumerator=AssignerState(),
         slots=tuple(
-            tuple(Slice(SequenceSplit(name, position=start), stop) for name, start, stop in slot)
+            tuple(Slice(SequenceSplit(name, position=start), stop, 1) for name, start, stop in slot)
             for slot in slots
         ),
     )

@@ -17,20 +17,29 @@ from splitflow.errors import IncompatibleCheckpointError
 from splitflow.spark.events import decode_events, encode_events
 from splitflow.spark.snapshots import StateRef
 
-OFFSET_FORMAT = 1
+OFFSET_FORMAT = 3
+"""The whole offset's format: 3 since each slice names the batch that read it."""
+OLD_OFFSET_FORMAT = 1
+"""The format before, still read: its slices that read are read by the offset's batch."""
 
 
 @dataclass(frozen=True)
 class Slice(Generic[SplitT]):
-    """Split ``split`` is read from ``split.position`` up to ``stop`` (exclusive); ``ends``:
-    ``stop`` is the split's final position, so the split is finished after the batch."""
+    """Where split ``split`` is after a batch: at ``stop``, having been read from
+    ``split.position`` up to ``stop`` (exclusive) by batch ``seq`` (0: not read since it
+    was assigned or moved back). A batch reads the slices it names (``seq`` is its own); the
+    others stay as the batch that read them left them, the same objects from offset to
+    offset. ``ends``: ``stop`` is the split's final position, so the split is finished after
+    the batch."""
 
     split: SplitT
     stop: int
+    seq: int = 0
     ends: bool = False
 
     @property
     def records(self) -> int:
+        """What batch :attr:`seq` read of the split."""
         return max(0, self.stop - self.split.position)
 
 
@@ -66,7 +75,10 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         """Slot ``slot``'s slices that read records, in order."""
         found = self.read_slices
         if found is None:
-            found = tuple(tuple(s for s in slices if s.records > 0) for slices in self.slots)
+            seq = self.seq
+            found = tuple(
+                tuple(s for s in slices if s.seq == seq and s.records > 0) for slices in self.slots
+            )
             object.__setattr__(self, "read_slices", found)  # derived, kept once found
         return found[slot]
 
@@ -106,25 +118,35 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
             raise ValueError(
                 "the initial offset holds no state: only the planner that made it knows it"
             )
-        if data.get("splitflow") != OFFSET_FORMAT:
+        version = data.get("splitflow")
+        if version not in (OFFSET_FORMAT, OLD_OFFSET_FORMAT):
             raise IncompatibleCheckpointError(
-                "splitflow offset in the Spark checkpoint",
-                found=data.get("splitflow"),
-                expected=OFFSET_FORMAT,
+                "splitflow offset in the Spark checkpoint", found=version, expected=OFFSET_FORMAT
             )
         enum_version, split_version = data["codecs"]
         codec = source.split_codec
         seq = int(data["seq"])
-        return cls(
-            seq=seq,
-            enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
-            slots=tuple(
+        slots: tuple[tuple[Slice[SplitT], ...], ...]
+        if version == OFFSET_FORMAT:
+            slots = tuple(
                 tuple(
-                    Slice(codec.decode(s, split_version), int(stop), bool(ends))
+                    Slice(codec.decode(s, split_version), int(stop), int(read_by), bool(ends))
+                    for _, s, stop, read_by, *ends in slot
+                )
+                for slot in data["slots"]
+            )
+        else:  # format 1: every slice that reads is read by this offset's batch
+            slots = tuple(
+                tuple(
+                    _format_1_slice(codec.decode(s, split_version), int(stop), seq, bool(ends))
                     for _, s, stop, *ends in slot
                 )
                 for slot in data["slots"]
-            ),
+            )
+        return cls(
+            seq=seq,
+            enumerator=source.enumerator_state_codec.decode(data["enumerator"], enum_version),
+            slots=slots,
             backlog=bool(data.get("backlog", False)),
             events_through=int(data.get("events_through", 0)),
             to_readers={
@@ -139,15 +161,19 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         )
 
 
+def _format_1_slice(split: SplitT, stop: int, seq: int, ends: bool) -> Slice[SplitT]:
+    return Slice(split, stop, seq if stop > split.position else 0, ends)
+
+
 class OffsetEncoder(Generic[SplitT, EnumStateT]):
     """Encodes one planner's offsets, each reusing what the one before it encoded.
 
-    A slot's slices are encoded as a list of entries ``[split id, split, stop, (1 if it
-    ends)]`` in the slot's order. Splits and slices are immutable and a batch changes few
-    of them, so when a slot holds the same splits in the same order as in the offset
-    encoded last, the slices that are not the same objects as then are found by identity
-    at C speed, and only their entries are made anew: the others are the same list
-    objects as before (which :func:`~splitflow.spark.offsetstate.difference` skips by
+    A slot's slices are encoded as a list of entries ``[split id, split, stop, seq, (1 if
+    it ends)]`` in the slot's order. Splits and slices are immutable and a batch changes
+    few of them (those it reads), so when a slot holds the same splits in the same order as
+    in the offset encoded last, the slices that are not the same objects as then are found
+    by identity at C speed, and only their entries are made anew: the others are the same
+    list objects as before (which :func:`~splitflow.spark.offsetstate.difference` skips by
     identity). A slot whose splits changed is encoded whole, reusing each split's encoding.
 
     Called by: the planner, one offset at a time.
@@ -211,13 +237,12 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
 
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
+        tail = [piece.stop, piece.seq, 1] if piece.ends else [piece.stop, piece.seq]
         if entry is not None and piece.split is split:
-            if entry[2] == piece.stop and len(entry) == 3 + piece.ends:
+            if entry[2:] == tail:
                 return entry
-            head = entry[:2]
-        else:
-            head = [piece.split.split_id, self._codec.encode(piece.split)]
-        return [*head, piece.stop, *([1] if piece.ends else [])]
+            return [entry[0], entry[1], *tail]
+        return [piece.split.split_id, self._codec.encode(piece.split), *tail]
 
 
 def plan_partitions(
@@ -229,20 +254,24 @@ def plan_partitions(
     """
     cap = max_records_per_task
     tasks: list[tuple[int, list[Slice[SplitT]]]] = []
+    if cap is None:  # a task per slot that reads, with the offset's own slices
+        return [
+            (slot, list(end.reading(slot))) for slot in range(end.parallelism) if end.reading(slot)
+        ]
     for slot_id in range(end.parallelism):
         current: list[Slice[SplitT]] = []
         size = 0
         for piece in end.reading(slot_id):
             start = piece.split.position
             while start < piece.stop:
-                take = piece.stop - start if cap is None else min(piece.stop - start, cap - size)
+                take = min(piece.stop - start, cap - size)
                 split = piece.split
                 if start != split.position:  # only a slice cut by max_records_per_task moves
                     split = with_position(split, start)
-                current.append(Slice(split, start + take))
+                current.append(Slice(split, start + take, piece.seq))
                 size += take
                 start += take
-                if cap is not None and size >= cap:
+                if size >= cap:
                     tasks.append((slot_id, current))
                     current, size = [], 0
         if current:

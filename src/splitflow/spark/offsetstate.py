@@ -1,11 +1,11 @@
 """Small offsets: with ``stateDir``, the bulk of each offset lives in the state directory.
 
 Without a state directory, Spark's offset of a batch is the whole checkpoint of the source
-(:class:`~splitflow.spark.offset.BatchOffset`, format 1): the enumerator's state, every
+(:class:`~splitflow.spark.offset.BatchOffset`, format 3): the enumerator's state, every
 slot's splits with their slices, each split's watermark. That grows with the number of
 live splits (about 100 bytes each), and Spark parses it several times per batch and keeps a
-hundred of them. With a state directory the planner hands Spark a format-2 offset instead:
-the same offset with those three parts (the *state*) moved into files, and a
+hundred of them. With a state directory the planner hands Spark a small offset instead
+(format 4): the same offset with those three parts (the *state*) moved into files, and a
 :class:`~splitflow.spark.snapshots.StateRef` naming the files in their place::
 
     <stateDir>/offsets/snapshot-<n>.json   the state of batch n, whole
@@ -17,18 +17,19 @@ token, the number of slots and the state's reference (a snapshot and at most
 :data:`COMPACT_EVERY` deltas).
 
 **The state** is one JSON document: ``{"enumerator": <the enumerator's state>, "slots":
-{"<slot>": {"<split id>": [split id, split, stop, (1 if it ends)]}}, "event_times": {...}}``,
-the slices as format 1 writes them, keyed by slot and split id. A delta is a structural
-difference of two such documents (:func:`difference`): for each object, the members set
-(new or changed), dropped, and the nested objects that changed; arrays and values are set
-whole. A batch that reads 1% of the splits writes a delta about the size of those splits'
-slices (twice: a read split's slice changes in the batch that reads it and the next).
+{"<slot>": {"<split id>": [split id, split, stop, seq, (1 if it ends)]}}, "event_times":
+{...}}``, the slices as the whole offset writes them, keyed by slot and split id. A delta
+is a structural difference of two such documents (:func:`difference`): for each object,
+the members set (new or changed), dropped, and the nested objects that changed; arrays and
+values are set whole. A batch that reads 1% of the splits writes a delta about the size
+of those splits' slices (a slice stays as the batch that read it left it until a batch
+reads the split again).
 
 **Why a replay reads the same records.** A batch's files are written before Spark learns
 its offset, and never written again while an offset Spark keeps refers to them
 (:mod:`splitflow.spark.snapshots`): a restore from batch ``k`` deletes the files of later
 batches before the run writes any, and the offset of a batch planned again names the files
-written then. So expanding offset ``n`` gives, value for value, the format-1 offset the
+written then. So expanding offset ``n`` gives, value for value, the whole offset the
 planner built for batch ``n`` (:meth:`OffsetState.expand`; slices come back in split id
 order within each slot, the order the planner builds them in), and its tasks are the same
 (:func:`~splitflow.spark.offset.plan_partitions` is a function of that offset). A restart
@@ -47,12 +48,14 @@ from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError, ConfigurationError
-from splitflow.spark.offset import OFFSET_FORMAT
+from splitflow.spark.offset import OFFSET_FORMAT, OLD_OFFSET_FORMAT
 from splitflow.spark.snapshots import SnapshotLog, StateRef, to_json
 from splitflow.spark.statedir import StateStore
 
-FULL, SMALL = OFFSET_FORMAT, 2
+FULL, SMALL = OFFSET_FORMAT, 4
 """The offset formats: the whole checkpoint, and the one whose state is in files."""
+OLD_FULL, OLD_SMALL = OLD_OFFSET_FORMAT, 2
+"""The formats before slices named the batch that read them (read, not written)."""
 
 COMPACT_EVERY = 20
 """A state is written whole again after at most this many deltas."""
@@ -121,7 +124,7 @@ class OffsetState(SnapshotLog):
         changed: Sequence[Sequence[list[Any]] | None] | None = None,
         since: object = None,
     ) -> JsonDict:
-        """Format-1 ``offset`` as a format-2 offset, its state written to files first.
+        """Whole ``offset`` as a small one, its state written to files first.
 
         ``changed`` (per slot: the slot's entries that differ from those in the ``slots``
         of offset ``since``, or None for a slot to compare whole) saves comparing every
@@ -129,7 +132,7 @@ class OffsetState(SnapshotLog):
         :class:`~splitflow.spark.offset.OffsetEncoder`).
         """
         if offset.get("splitflow") != FULL:
-            raise ValueError("only a format-1 offset can be compacted")
+            raise ValueError(f"only a whole offset (format {FULL}) can be compacted")
         seq = int(offset["seq"])
         hints = changed if since is not None and since is self._slots else None
         state, slots_change = self._state_after(offset, hints)
@@ -202,9 +205,11 @@ class OffsetState(SnapshotLog):
         return StateRef(seq, (), size)
 
     def expand(self, offset: Mapping[str, Any]) -> JsonDict:
-        """``offset`` as format 1: a format-2 offset with its state read back from files
-        (later writes build on it); a format-1 offset as it is."""
-        if offset.get("splitflow") != SMALL:
+        """``offset`` whole: a small offset with its state read back from files (later
+        writes build on it), in the whole format of its time (3, or 1 for a small offset
+        of format 2); a whole offset as it is."""
+        small = offset.get("splitflow")
+        if small not in (SMALL, OLD_SMALL):
             return dict(offset)
         ref = StateRef.decode(offset["state"])
         snapshot, deltas = self._read_all(ref)
@@ -224,7 +229,7 @@ class OffsetState(SnapshotLog):
         kept = {k: v for k, v in offset.items() if k not in ("state", "parallelism")}
         return {
             **kept,
-            "splitflow": FULL,
+            "splitflow": FULL if small == SMALL else OLD_FULL,
             "enumerator": state["enumerator"],
             "slots": [[slot[sid] for sid in sorted(slot)] for slot in slots],
             **({"event_times": state["event_times"]} if state["event_times"] else {}),
@@ -232,8 +237,8 @@ class OffsetState(SnapshotLog):
 
 
 def expand_offset(offset: Mapping[str, Any], state: OffsetState | None) -> JsonDict:
-    """``offset`` as format 1, read back with ``state`` (the query's ``stateDir``)."""
-    if offset.get("splitflow") == SMALL and state is None:
+    """``offset`` whole, read back with ``state`` (the query's ``stateDir``)."""
+    if offset.get("splitflow") in (SMALL, OLD_SMALL) and state is None:
         raise ConfigurationError(
             f"option stateDir: the checkpoint keeps the state of batch {offset.get('seq')} "
             "in a state directory; run the query with its stateDir",

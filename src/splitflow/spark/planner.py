@@ -140,9 +140,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
         self._slot_lag: dict[int, int] = {}  # slot -> the sum of its splits' _lag_of
-        # Each slot's slices in the last offset and their index by split id, reused by the
-        # next while the slot holds the same splits.
-        self._built: dict[int, tuple[tuple[Slice[SplitT], ...], dict[str, int]]] = {}
+        # Each held split's slice in the next offset unless a batch reads it: the slice the
+        # batch that read it last made (or one that reads nothing, since it was assigned).
+        self._piece: dict[str, Slice[SplitT]] = {}
         self._initial = False  # checkpoint 0 taken (by initial_offset)
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -162,7 +162,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
-        self._slot_of, self._built = {}, {}
+        self._slot_of, self._piece = {}, {}
         self._changed = set()
         self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
         self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
@@ -234,6 +234,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(message, AddSplits):
             ids = [split.split_id for split in message.splits]
             slot.update(zip(ids, message.splits, strict=True))
+            self._piece.update((s.split_id, Slice(s, s.position)) for s in message.splits)
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._changed.update(ids)
             self._unknown.update(ids)
@@ -495,11 +496,13 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _rewind(self, event: SliceEndedEvent) -> None:
         """A reader ended a slice early: the split's next slice starts where it ended."""
-        for slot in self._slots.values():
-            split = slot.get(event.split_id)
-            if split is not None and event.position < split.position:
-                slot[event.split_id] = with_position(split, event.position)
-                self._changed.add(event.split_id)
+        sid = event.split_id
+        slot = self._slots.get(self._slot_of.get(sid, -1), {})
+        split = slot.get(sid)
+        if split is not None and event.position < split.position:
+            slot[sid] = with_position(split, event.position)
+            self._piece[sid] = Slice(slot[sid], event.position)
+            self._changed.add(sid)
 
     def _check_events_written(
         self, batch: BatchOffset[SplitT, EnumStateT], slots: set[int]
@@ -616,6 +619,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         """Split ``split_id`` left its slot (finished or removed)."""
         self._note_lag(split_id, None, 0)
         self._slot_of.pop(split_id, None)
+        self._piece.pop(split_id, None)
         self._backlog_of.pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
@@ -765,45 +769,27 @@ class Planner(Generic[SplitT, EnumStateT]):
         return self._slots[slot_id]
 
     def _slices(
-        self, slot_id: int, reads: Mapping[str, int]
+        self, slot_id: int, reads: Mapping[str, int], seq: int
     ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
-        """Slot ``slot_id``'s slices (in split id order) in a batch that reads ``reads``
+        """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``reads``
         records (split id -> records, none 0), and those of them that read; its read
         splits are moved on to where the batch stops.
 
-        Those of the last offset are reused: while the slot holds the same splits, as a copy
-        with the slices of the splits whose object changed since (read or rewound) replaced,
-        found by identity at C speed; else slice by slice, each split unchanged since keeping
-        its slice object (which saves the encoder work: :class:`OffsetEncoder`).
+        Only the slices of the splits the batch reads are made anew: every other split keeps
+        the slice object it had (``_piece``), which saves the encoder and the state file
+        their work (:class:`OffsetEncoder`).
         """
         slot = self._sorted_slot(slot_id)
-        built = self._built.get(slot_id)
-        if built is not None and slot.keys() == built[1].keys():  # the same splits, in order
-            slices, index = list(built[0]), built[1]
-            last = map(operator.attrgetter("split"), built[0])
-            for i in itertools.compress(range(len(slices)), map(is_not, slot.values(), last)):
-                split = slot[slices[i].split.split_id]  # a new object: read or rewound since
-                slices[i] = Slice(split, split.position)
-        else:
-            last_of = {} if built is None else {p.split.split_id: p for p in built[0]}
-            slices = []
-            for sid, split in slot.items():
-                piece = last_of.get(sid)
-                if piece is None or piece.split is not split or piece.stop != split.position:
-                    piece = Slice(split, split.position)
-                slices.append(piece)
-            index = {sid: i for i, sid in enumerate(slot)}
-        read = slot.keys() & reads.keys()
-        for sid in read:  # each read split becomes a new object (no dataclasses.replace else)
+        pieces = self._piece
+        read = sorted(slot.keys() & reads.keys())
+        for sid in read:  # each read split becomes a new object
             split = slot[sid]
             stop = split.position + reads[sid]
-            slices[index[sid]] = Slice(split, stop)
+            pieces[sid] = Slice(split, stop, seq)
             slot[sid] = with_position(split, stop)
             self._note_lag(sid, self._extent_of.get(sid), stop)
-        self._changed |= read
-        built_now = tuple(slices)
-        self._built[slot_id] = (built_now, index)
-        return built_now, tuple(slices[index[sid]] for sid in sorted(read))
+        self._changed.update(read)
+        return tuple(map(pieces.__getitem__, slot)), tuple(map(pieces.__getitem__, read))
 
     def _snapshot(
         self,
@@ -842,21 +828,21 @@ class Planner(Generic[SplitT, EnumStateT]):
         slots: list[tuple[Slice[SplitT], ...]] = []
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
-            slices, read = self._slices(slot_id, reads)
+            slices, read = self._slices(slot_id, reads, seq)
             if slot_id in ending:
                 slices = tuple(
                     sorted(
                         (
                             *slices,
                             *(
-                                Slice(split, split.position + reads[sid], ends=True)
+                                Slice(split, split.position + reads[sid], seq, ends=True)
                                 for sid, split in ending[slot_id].items()
                             ),
                         ),
                         key=lambda piece: piece.split.split_id,
                     )
                 )
-                read = tuple(piece for piece in slices if piece.records > 0)
+                read = tuple(p for p in slices if p.seq == seq and p.records > 0)
             slots.append(slices)
             reading.append(read)
         self._settle(self.coordinator.release_held_messages())
