@@ -37,6 +37,7 @@ import pytest
 from tests.spark.sources import OwnDaemonGeneratorDataSource
 
 from splitflow.spark import register, session
+from splitflow.spark._warmsite import sitecustomize
 from splitflow.spark._warmsite.sitecustomize import DAEMON, PID_FILE, RUNNER, WAIT
 from splitflow.spark.warmstart import (
     _CANNOT_FORK,
@@ -414,6 +415,55 @@ def test_a_runner_killed_ends_its_stand_in_by_the_same_signal_and_nothing_restar
     jvm.server.settimeout(1)
     with pytest.raises(TimeoutError):
         jvm.server.accept()  # no runner started cold after it
+
+
+def test_a_signal_sent_before_the_stand_in_knows_its_child_is_passed_on_to_it(
+    tmp_path: Path,
+) -> None:
+    """Spark may stop a daemon right after it started (as
+    ``test_a_daemon_stops_as_a_cold_one_and_takes_its_workers_along`` does). Sent before
+    the warm process answered with the child's pid, the SIGTERM waits in the stand-in and
+    reaches the child once the pid arrives: it ending the stand-in alone would leave the
+    warm process to SIGKILL the child, and a daemon killed so leaves its workers running.
+    A fake warm process here."""
+    path = str(tmp_path / "warm.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    server.settimeout(30)
+    stand_in = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util, os, sys\n"  # one thread, as at a process's start
+            "spec = importlib.util.spec_from_file_location('stand_in', sys.argv[2])\n"
+            "site = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(site)\n"
+            "code = site.hand_over(sys.argv[1], site.DAEMON, [])\n"
+            "os._exit(99 if code is None else code)\n",
+            path,
+            sitecustomize.__file__,
+        ]
+    )
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        connection, _ = server.accept()
+        with connection:
+            _, fds, _, _ = socket.recv_fds(connection, 4, 3)  # the request's size, its streams
+            for fd in fds:
+                os.close(fd)
+            assert stand_in.poll() is None
+            os.kill(stand_in.pid, signal.SIGTERM)  # before the stand-in knows the child
+            time.sleep(0.5)
+            assert stand_in.poll() is None, "the SIGTERM ended the stand-in alone"
+            connection.sendall(f"{child.pid}\n".encode())
+            assert child.wait(timeout=30) == -signal.SIGTERM  # passed on
+            connection.sendall(f"{child.returncode}\n".encode())
+            assert stand_in.wait(timeout=30) == -signal.SIGTERM  # as its child ended
+    finally:
+        child.kill()
+        stand_in.kill()
+        server.close()
 
 
 def test_a_daemon_is_forked_warm_and_forks_workers_with_everything_imported(

@@ -24,6 +24,10 @@ SOCKET_ENV = "SPLITFLOW_WARM_RUNNER_SOCKET"
 """The warm process's socket (set by ``splitflow.spark.register``)."""
 PID_FILE = "pid"
 """The warm process's pid, in its socket's directory (written by the driver that starts it)."""
+PASSED_ON = (15, 2, 1)
+"""SIGTERM, SIGINT and SIGHUP (their numbers on Linux: ``signal`` is imported on use): the
+signals Spark sends a process to stop it, which a stand-in passes on to the process it
+stands in for."""
 WAIT = {RUNNER: 5.0, DAEMON: 30.0}
 """Seconds a process waits for a warm process that is still importing (then starts cold):
 a runner well inside the 10 s Spark waits for it to connect back; a daemon, which serves
@@ -37,9 +41,16 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
     ``marshal``-ed, over ``_socket``: built into the interpreter, which ``json`` and
     ``socket`` are not (7 ms of imports, in every runner's start)."""
     import marshal
+    import signal
     import struct
 
+    # Spark's signals wait until the stand-in can pass them on (it needs the child's pid):
+    # a SIGTERM that ended the stand-in alone would leave the warm process to SIGKILL the
+    # child, and a daemon killed so leaves its workers running. (The process has one
+    # thread yet, so the thread's mask is the process's.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
     connection = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    pid = 0
     try:
         _wait_ready(socket_path, WAIT[module])
         connection.connect(socket_path)
@@ -59,12 +70,14 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
         connection.sendall(body)
         pid = int(_line(connection))
     except FileNotFoundError:  # no warm process
-        pid = 0
+        pass
     except (OSError, ValueError) as exc:  # Spark shows a worker's stderr in the driver's log
         print(f"splitflow: {HANDED[module]} starts cold: {exc!r}", file=sys.stderr)
-        pid = 0
-    if not pid:  # no warm process, not ready, or it runs another Python: start here
-        connection.close()
+    finally:
+        if not pid:  # no warm process, not ready, or it runs another Python: start here
+            connection.close()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
+    if not pid:
         return None
 
     try:
@@ -94,8 +107,9 @@ def _stand_in(pid: int, connection: _socket.socket) -> int:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
             os.kill(pid, signum)  # Spark stopping this process: stop the real one
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in PASSED_ON:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # any sent meanwhile: passed on now
     line = _line(connection)
     if not line:  # the warm process went away: the process is nobody's child to wait for
         import time
