@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tests.spark.test_offset_state import FORMAT_1_OFFSET
 
-from splitflow.errors import ConfigurationError
+from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.inspect import format_table, read_checkpoint
 from splitflow.spark.limits import MaxRecords
 from splitflow.spark.planner import Planner
@@ -194,3 +194,9 @@ def test_inspect_of_an_offset_without_event_times_shows_no_watermark(tmp_path: P
     table = format_table([state])
     assert "watermark" not in table
     assert table.splitlines()[1].endswith("to go")
+
+
+def test_inspect_refuses_an_offset_format_it_does_not_know(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, [{**FORMAT_1_OFFSET, "splitflow": 5}], committed=0)
+    with pytest.raises(IncompatibleCheckpointError, match="batch 0"):
+        read_checkpoint(str(tmp_path))

@@ -24,10 +24,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from splitflow.errors import CheckpointStateError, ConfigurationError
+from splitflow.errors import CheckpointStateError, ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.eventtime import iso
 from splitflow.spark.ledger import LedgerStore
-from splitflow.spark.offset import OLD_OFFSET_FORMAT
+from splitflow.spark.offset import OFFSET_FORMAT, OLD_OFFSET_FORMAT
 from splitflow.spark.offsetstate import OLD_SMALL, SMALL, OffsetState, expand_offset
 from splitflow.spark.snapshots import StateRef
 
@@ -131,6 +131,12 @@ def _source_state(
             option="state-dir",
         )
     offset = expand_offset(offset, OffsetState(state_dir) if state_dir else None)
+    if offset.get("splitflow") not in (OFFSET_FORMAT, OLD_OFFSET_FORMAT):
+        raise IncompatibleCheckpointError(
+            f"batch {batch}: splitflow offset",
+            found=offset.get("splitflow"),
+            expected=OFFSET_FORMAT,
+        )
     rows = []
     enumerator = offset.get("enumerator", {})
     boundaries = enumerator.get("backlog", {})

@@ -275,7 +275,7 @@ def test_a_byte_budget_cuts_batches_by_file_bytes_and_reads_every_row_once(
         if end["seq"] == offset["seq"]:
             break
         decoded = BatchOffset.decode(end, files)
-        stops.append(sum(s.records for slot in decoded.slots for s in slot))
+        stops.append(sum(s.records for i in range(decoded.parallelism) for s in decoded.reading(i)))
         rows += read_offset(files, decoded)
         offset = end
     planner.close()

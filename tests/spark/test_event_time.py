@@ -236,10 +236,10 @@ def test_a_coarse_index_neither_lets_a_split_past_the_limit_nor_stalls_it(
         limit = _micros(report["alignmentLimit"])
         assert max(per_split_max(table).values()) <= limit
         planned = run.planner.read_offset(run.offset)
-        for slot in planned.slots:
-            for piece in slot:
+        for slot in range(planned.parallelism):
+            for piece in planned.reading(slot):
                 split = piece.split
-                if piece.records and split.event_time(split.position) <= limit:
+                if split.event_time(split.position) <= limit:
                     exact = split.first_after(limit)
                     straddled += exact - exact % 50_000 <= split.position
     assert straddled > 0, "no batch put a unit across the limit: the test tests nothing"

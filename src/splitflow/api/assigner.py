@@ -411,7 +411,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             current = self._listing[1]  # the same (immutable) listing: the same index
         else:
             current = {s.split_id: s for s in splits or ()}
-            self._listing = (splits, current)
+            self._listing = (splits, current) if type(splits) is tuple else ((), {})
         found = current.keys()
         held = (self._unassigned.keys(), self._owner.keys(), self._awaiting.keys())
         # Set operations on the ids, in C, rather than a membership test per split in Python.

@@ -384,7 +384,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         return self._decode(end)
 
     def _decode(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
-        """A Spark offset of this query (format 2: its state read from ``stateDir``); the
+        """A Spark offset of this query (a small one: its state read from ``stateDir``); the
         state files this planner writes next build on it."""
         if self._owner is not None and offset.get("state") is not None:
             self._owner.expect(offset.get("owner"))
