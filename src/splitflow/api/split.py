@@ -69,8 +69,8 @@ def with_position(split: SplitT, position: int) -> SplitT:
     times faster for a plain dataclass: one whose ``__init__`` and ``__setattr__`` are
     those ``@dataclass`` writes (no ``__post_init__``, no init-only or non-init fields), with
     no ``__slots__`` in its classes and an instance dict that holds nothing but its fields
-    (no cached property). The runtime moves a split once per batch that
-    reads it, and once per split at a restore.
+    (no cached property). The runtime moves a split once per batch that reads it, and once
+    per split at a restore.
     """
     fields = _PLAIN_FIELDS.get(type(split))
     if fields is None:
