@@ -186,16 +186,6 @@ class _Checked:
         object.__setattr__(self, "name", self.name.strip())
 
 
-@dataclass(frozen=True)
-class _Cached:
-    name: str
-    position: int = 0
-
-    @functools.cached_property
-    def key(self) -> str:
-        return f"{self.name}@{self.position}"
-
-
 @dataclass(frozen=True, slots=True)
 class _Slotted:
     name: str
@@ -306,11 +296,11 @@ def test_with_position_is_dataclasses_replace(split: Any) -> None:
 
 
 def test_with_position_computes_a_cached_property_anew() -> None:
-    split = _Cached("c", 1)
+    split = _CachedBase("c", 1)
     assert split.key == "c@1"  # cached in the instance dict
     moved = with_position(split, 5)
     assert moved.key == "c@5"
-    assert moved == _Cached("c", 5)
+    assert moved == _CachedBase("c", 5)
 
 
 def test_split_state_starts_at_the_splits_position_and_snapshots_where_it_got_to() -> None:
