@@ -495,13 +495,13 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         if not assignment:
             return
         for reader, splits in assignment.items():
-            for split in splits:
-                sid = split.split_id
+            ids = [split.split_id for split in splits]
+            for sid in ids:
                 del self._unassigned[sid]
                 self._preferred.pop(sid, None)
-                self._owner[sid] = reader
-                self._owned_by.setdefault(reader, set()).add(sid)
-                self._assigned[sid] = split
+            self._owner.update(dict.fromkeys(ids, reader))
+            self._owned_by.setdefault(reader, set()).update(ids)
+            self._assigned.update(zip(ids, splits, strict=True))
         self.context.assign_splits(assignment)
 
     def _signal_backlog(self) -> None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -89,6 +91,9 @@ class _PeriodicCall:
             self.timer.cancel()
 
 
+_split_id = attrgetter("split_id")
+
+
 class CoordinatorContext(Generic[SplitT]):
     """The :class:`~splitflow.api.enumerator.SplitEnumeratorContext` a coordinator provides."""
 
@@ -114,6 +119,7 @@ class CoordinatorContext(Generic[SplitT]):
 
     def assign_splits(self, assignment: Mapping[int, Sequence[SplitT]]) -> None:
         seen: set[str] = set()
+        count = 0
         for reader, splits in assignment.items():
             if reader not in self.readers:
                 raise ContractViolation(
@@ -124,12 +130,12 @@ class CoordinatorContext(Generic[SplitT]):
                 raise ContractViolation(
                     f"assign_splits: reader {reader} was already told there are no more splits"
                 )
-            for split in splits:
-                if split.split_id in seen:
-                    raise ContractViolation(
-                        f"assign_splits: split {split.split_id} assigned twice in one call"
-                    )
-                seen.add(split.split_id)
+            seen.update(map(_split_id, splits))
+            count += len(splits)
+        if len(seen) < count:
+            ids = Counter(map(_split_id, (s for ss in assignment.values() for s in ss)))
+            twice = min(sid for sid, n in ids.items() if n > 1)
+            raise ContractViolation(f"assign_splits: split {twice} assigned twice in one call")
         frozen = {r: tuple(ss) for r, ss in assignment.items() if ss}
         self._coordinator.tracker.record_split_assignment(frozen)
         self.metrics.counter("splits_assigned").inc(len(seen))

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
-from typing import Any, Generic
+from typing import Any, Generic, NamedTuple
 
 from splitflow.api.enumerator import EnumStateT
 from splitflow.api.events import SourceEvent
@@ -23,14 +23,16 @@ OLD_OFFSET_FORMAT = 1
 """The format before, still read: its slices that read are read by the offset's batch."""
 
 
-@dataclass(frozen=True)
-class Slice(Generic[SplitT]):
+class Slice(NamedTuple, Generic[SplitT]):
     """Where split ``split`` is after a batch: at ``stop``, having been read from
     ``split.position`` up to ``stop`` (exclusive) by batch ``seq`` (0: not read since it
     was assigned or moved back). A batch reads the slices it names (``seq`` is its own); the
     others stay as the batch that read them left them, the same objects from offset to
     offset. ``ends``: ``stop`` is the split's final position, so the split is finished after
-    the batch."""
+    the batch.
+
+    A named tuple: immutable like a frozen dataclass, and made in a third of the time (a
+    restore at 100k splits makes two per split, a batch one per split it reads)."""
 
     split: SplitT
     stop: int
