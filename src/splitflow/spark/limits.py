@@ -62,9 +62,8 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     Every split with a backlog gets at least one record while the budget lasts (largest
     backlog first), so a small split is never starved behind a large one; the rest is shared
     in proportion to backlog, largest remainders first. Never more than a split's backlog,
-    never more than ``budget`` in total. Costs O(splits with records) beyond one pass at C
-    speed over ``backlogs``: a batch over 100k lagging splits with a budget of 10k records
-    makes no dict of 100k shares.
+    never more than ``budget`` in total. A batch over 100k lagging splits with a budget of
+    10k records makes no dict of 100k shares.
 
     >>> share_records({"big": 900, "small": 10, "none": 0}, 91)
     {'big': 89, 'small': 2}

@@ -130,8 +130,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         # Each held split's extent, as last learnt (_extents), and the backlog boundaries
         # seen at the last planning, and the backlogs then: a planning recomputes only the
         # splits whose extent (_moved: None, every split) or boundary changed since and
-        # those _changed (read, rewound or assigned since its checks).
+        # those _changed (rewound or assigned since its checks). A split a batch reads gets
+        # its lag and backlog when it is read (it is then only _read, for the boundaries).
         self._changed: set[str] = set()
+        self._read: set[str] = set()
         self._extent_of: dict[str, SplitExtent] = {}
         self._moved: set[str] | None = None
         self._token: object | None = None  # of the enumerator's changed_positions
@@ -163,7 +165,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._slots = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of, self._piece = {}, {}
-        self._changed = set()
+        self._changed, self._read = set(), set()
         self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
         self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
         self._slot_lag = dict.fromkeys(range(self.parallelism), 0)
@@ -331,7 +333,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             backlogs, ended = self._backlogs(extents)
         self._latest_extents = extents
         self._track_backlog(extents)
-        self._changed = set()  # checked: the next planning looks at what changes from here
+        self._changed, self._read = set(), set()  # checked: from here on, what changes
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
@@ -632,8 +634,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         split whose end became known after its last read, a restore from an offset that did
         not finish it), which are to be finished now.
 
-        Only the splits whose extent or position changed since the last call are looked at
-        (every split after the splits held changed), with the backlogs kept from then.
+        Only the splits whose extent changed since the last call, or whose position changed
+        other than by a batch reading them (those got theirs as they were read), are looked
+        at (every split after the splits held changed), with the backlogs kept from then.
         """
         moved, self._moved = self._moved, set()
         backlogs = self._backlog_of
@@ -646,7 +649,6 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._lag_of.clear()
             self._slot_lag = dict.fromkeys(self._slot_lag, 0)
         ended: dict[int, list[str]] = {}
-        uncapped = self._target is None
         for sid in check:
             slot_id = self._slot_of.get(sid)
             extent = extents.get(sid)
@@ -655,16 +657,20 @@ class Planner(Generic[SplitT, EnumStateT]):
                 if slot_id is not None:  # a split no longer held lags no more (_forget)
                     self._note_lag(sid, None, 0)
                 continue
-            position = self._slots[slot_id][sid].position
-            self._note_lag(sid, extent, position)
-            stop = extent.latest if uncapped else self._cap(sid, extent)
-            if stop > position:
-                backlogs[sid] = stop - position
-            else:
-                backlogs.pop(sid, None)
-                if extent.final and position >= extent.latest:
-                    ended.setdefault(slot_id, []).append(sid)
+            if self._note_backlog(sid, extent, self._slots[slot_id][sid].position):
+                ended.setdefault(slot_id, []).append(sid)
         return dict(backlogs), {slot_id: sorted(sids) for slot_id, sids in ended.items()}
+
+    def _note_backlog(self, split_id: str, extent: SplitExtent, position: int) -> bool:
+        """Keep the lag and the backlog of split ``split_id`` (held) at ``position``; whether
+        it is at its final position with nothing to read (to be finished)."""
+        self._note_lag(split_id, extent, position)
+        stop = extent.latest if self._target is None else self._cap(split_id, extent)
+        if stop > position:
+            self._backlog_of[split_id] = stop - position
+            return False
+        self._backlog_of.pop(split_id, None)
+        return extent.final and position >= extent.latest
 
     def _note_lag(self, split_id: str, extent: SplitExtent | None, position: int) -> None:
         """Keep what exists of split ``split_id`` (held) past ``position`` (for :meth:`lag`),
@@ -728,7 +734,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         check: Iterable[str] = boundaries
         changed = _changed_keys(seen, boundaries, ne)
         if changed is not None:  # a split reaches its boundary as it moves, or anew
-            check = changed | (self._changed & boundaries.keys())
+            check = changed | ((self._changed | self._read) & boundaries.keys())
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
@@ -782,13 +788,16 @@ class Planner(Generic[SplitT, EnumStateT]):
         slot = self._sorted_slot(slot_id)
         pieces = self._piece
         read = sorted(slot.keys() & reads.keys())
+        extents = self._extent_of
         for sid in read:  # each read split becomes a new object
             split = slot[sid]
             stop = split.position + reads[sid]
             pieces[sid] = Slice(split, stop, seq)
             slot[sid] = with_position(split, stop)
-            self._note_lag(sid, self._extent_of.get(sid), stop)
-        self._changed.update(read)
+            extent = extents.get(sid)
+            if extent is None or self._note_backlog(sid, extent, stop):
+                self._changed.add(sid)  # not expected (ended splits are finished): a check
+        self._read.update(read)
         return tuple(map(pieces.__getitem__, slot)), tuple(map(pieces.__getitem__, read))
 
     def _snapshot(
