@@ -795,7 +795,10 @@ class Planner(Generic[SplitT, EnumStateT]):
             pieces[sid] = Slice(split, stop, seq)
             slot[sid] = with_position(split, stop)
             extent = extents.get(sid)
-            if extent is None or self._note_backlog(sid, extent, stop):
+            if extent is None:  # not expected (a split is read by its extent): lags no more
+                self._note_lag(sid, None, stop)
+                self._changed.add(sid)
+            elif self._note_backlog(sid, extent, stop):
                 self._changed.add(sid)  # not expected (ended splits are finished): a check
         self._read.update(read)
         return tuple(map(pieces.__getitem__, slot)), tuple(map(pieces.__getitem__, read))
