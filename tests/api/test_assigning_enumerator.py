@@ -243,6 +243,71 @@ def test_the_same_tuple_returned_again_finds_what_changed_on_the_enumerators_sid
     assert h.enumerator.owners() == {"c": 0}
 
 
+class KeepingEnumerator(ListingEnumerator):
+    """Keeps splits that vanished from the listing, and notes each time it is told."""
+
+    def __init__(self, context: Any, catalog: Catalog, **options: Any) -> None:
+        super().__init__(context, catalog, **options)
+        self.told: list[list[str]] = []
+
+    def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
+        self.told.append(list(split_ids))
+
+
+@pytest.mark.parametrize("how", ["add_splits", "a reader's report"])
+def test_the_same_tuple_again_finds_a_split_known_since_from_elsewhere_vanished(how: str) -> None:
+    """The assigner skips comparing a tuple it compared before only while the splits it
+    knows are those it knew then: one it learnt of from elsewhere since is compared."""
+    catalog = Catalog()
+    catalog.listing = (S("a"), S("b"))  # type: ignore[attr-defined]
+    h = make_listing(catalog)
+    if how == "add_splits":
+        register(h, 0, 1)
+        h.scheduler.advance(1.0)  # compared once: known = listed
+        h.run(h.coordinator.run(lambda e: e.add_splits([S("x")])))
+    else:
+        h.run(h.coordinator.register_reader(0, "host-0"))
+        h.scheduler.advance(1.0)  # compared once, waiting for reader 1
+        h.run(h.coordinator.register_reader(1, "host-1", [S("x", 5)]))  # unknown: kept
+    assert "x" in h.enumerator.owners()
+
+    h.scheduler.advance(1.0)
+
+    owner = {"add_splits": 0, "a reader's report": 1}[how]
+    assert SplitsRemovedEvent(("x",)) in h.gateway.events(owner)
+    assert sorted(h.enumerator.owners()) == ["a", "b"]
+
+
+def test_the_same_tuple_again_finds_a_split_removed_since_but_still_listed() -> None:
+    catalog = Catalog()
+    catalog.listing = (S("a"), S("b"))  # type: ignore[attr-defined]
+    h = make_listing(catalog)
+    register(h, 0, 1)
+    h.scheduler.advance(1.0)
+    h.run(h.coordinator.run(lambda e: e.remove_splits(["b"])))
+    assert sorted(h.enumerator.owners()) == ["a"]
+
+    h.scheduler.advance(1.0)
+
+    assert sorted(h.enumerator.owners()) == ["a", "b"]  # listed: found again, as before
+    assert added(h) == {0: ["a"], 1: ["b", "b"]}
+
+
+def test_splits_an_enumerator_keeps_after_they_vanished_are_reported_at_every_discovery() -> None:
+    catalog = Catalog()
+    catalog.listing = (S("a"), S("b"))  # type: ignore[attr-defined]
+    source = ReassigningFakeSource(
+        lambda ctx, restored: KeepingEnumerator(ctx, catalog, discovery_interval=1.0)
+    )
+    h = make_harness(source, 2)
+    register(h, 0, 1)
+    catalog.listing = (S("a"),)  # type: ignore[attr-defined]
+
+    h.scheduler.advance(3.0)
+
+    assert h.enumerator.told == [["b"], ["b"], ["b"]]
+
+
 def test_one_off_discovery_runs_once() -> None:
     catalog = Catalog(S("a"))
     h = make(catalog, parallelism=1)

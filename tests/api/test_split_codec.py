@@ -267,21 +267,21 @@ class _Clamped:
         object.__setattr__(self, key, min(value, 50) if key == "position" else value)
 
 
-@pytest.mark.parametrize(
-    "split",
-    [
-        A,
-        B,
-        _Checked(" c ", 1),
-        _Slotted("s", 2),
-        _OwnInit("o", 3),
-        _NotInit("n", 4),
-        _cached_twice(),
-        _ExecInit("x", 5),
-        _Clamped("c", 6),
-    ],
-    ids=lambda split: type(split).__name__,
-)
+KINDS = [
+    A,
+    B,
+    _Checked(" c ", 1),
+    _Slotted("s", 2),
+    _OwnInit("o", 3),
+    _NotInit("n", 4),
+    _cached_twice(),
+    _ExecInit("x", 5),
+    _Clamped("c", 6),
+]
+"""Splits of plain dataclasses and of every kind that is not plain."""
+
+
+@pytest.mark.parametrize("split", KINDS, ids=lambda split: type(split).__name__)
 def test_with_position_is_dataclasses_replace(split: Any) -> None:
     """The copy made without calling ``__init__`` (plain dataclasses) and the one made by
     ``dataclasses.replace`` (the others) are the same."""
@@ -293,6 +293,26 @@ def test_with_position_is_dataclasses_replace(split: Any) -> None:
         assert vars(moved) == vars(expected)
     if type(split).__hash__ is not None:
         assert hash(moved) == hash(expected)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(map(_tuples, value)) if type(value) is list else value
+
+
+@pytest.mark.parametrize("split", KINDS, ids=lambda split: type(split).__name__)
+def test_dataclass_codec_decodes_what_the_class_would_make(split: Any) -> None:
+    """Decoding fills a plain dataclass's instance dict without calling ``__init__``, and
+    calls the class for the others: both give what the class makes of the fields."""
+    codec = DataclassCodec(type(split))
+    data = json.loads(json.dumps(codec.encode(split)))
+    decoded = codec.decode(data, codec.version)
+    expected = type(split)(**{k: _tuples(v) for k, v in data.items()})
+    assert type(decoded) is type(split)
+    assert decoded == expected
+    if hasattr(expected, "__dict__"):
+        assert vars(decoded) == vars(expected)
+    if type(split).__hash__ is not None:
+        assert hash(decoded) == hash(expected)
 
 
 def test_with_position_computes_a_cached_property_anew() -> None:

@@ -182,6 +182,12 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._backlog_held = state.backlog_held
         self._listed = False  # a discovery completed in this run
         self._listing: tuple[object, dict[str, SplitT]] = ((), {})  # the last, by split id
+        # Counts the changes to the splits known (held or finished) other than by moves
+        # between those states; with the listing tuple after which the known splits were
+        # exactly those listed (and finished ones): while both stay, a discovery that
+        # returns the same tuple finds nothing new and nothing vanished, without comparing.
+        self._known_changes = 0
+        self._agreed: tuple[object, int] | None = None
         self._failed_discoveries = 0  # in a row, since the last one that completed
 
     # -- for subclasses -------------------------------------------------------------------
@@ -328,6 +334,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def remove_splits(self, split_ids: Sequence[str]) -> None:
         """Forget splits entirely (deleted upstream) and tell their owners to stop reading."""
         by_owner: dict[int, list[str]] = {}
+        self._known_changes += 1
         for sid in split_ids:
             owner = self._owner.get(sid)
             if owner is not None:
@@ -375,6 +382,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def _take_back(self, split: SplitT, reader_id: int) -> None:
         """The enumerator owns ``split`` again; it goes back to ``reader_id`` if it can."""
         sid = split.split_id
+        self._known_changes += 1
         self._release(sid)
         self._finished.pop(sid, None)
         self._unassigned.setdefault(sid, split)
@@ -407,6 +415,10 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
                 self.on_discovery_error(error)
             return
         self._failed_discoveries = 0
+        agreed = self._agreed
+        if agreed is not None and splits is agreed[0] and agreed[1] == self._known_changes:
+            self.add_splits(())  # nothing found, nothing vanished (see __init__)
+            return
         if type(splits) is tuple and splits is self._listing[0]:
             current = self._listing[1]  # the same (immutable) listing: the same index
         else:
@@ -422,7 +434,10 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         new = [s for sid, s in current.items() if sid in fresh] if fresh else []
         at_start, self._listed = not self._listed, True
         self._discovered = True
+        known = self._known_changes + bool(new)
         self.add_splits(new, at_start=at_start)
+        if not vanished and type(splits) is tuple and known == self._known_changes:
+            self._agreed = (splits, known)
 
     def add_splits(self, splits: Sequence[SplitT], *, at_start: bool = False) -> None:
         """Own new ``splits`` and assign them, as discovery does with the splits it finds.
@@ -433,6 +448,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         Called by: the coordinator thread.
         """
         extents = self.latest_positions(splits) if splits else {}
+        self._known_changes += bool(splits)
         for split in splits:
             self._unassigned[split.split_id] = split
             boundary = self.backlog_boundary(split, extents.get(split.split_id), at_start)

@@ -101,17 +101,24 @@ def _plain_fields(split: object) -> int:
             "@dataclass(frozen=True) with a `position: int` field"
         )
     fields = dataclasses.fields(split)
-    plain = (
+    plain = _is_plain(cls) and any(f.name == "position" for f in fields)
+    _PLAIN_FIELDS[cls] = len(fields) if plain else 0
+    return _PLAIN_FIELDS[cls]
+
+
+def _is_plain(cls: type[object]) -> bool:
+    """Whether dataclass ``cls`` is plain: an instance is its fields in its dict, set by the
+    ``__init__`` that ``@dataclass`` wrote and nothing else (see :func:`with_position`), so
+    filling a new instance's dict makes the same object as calling the class."""
+    fields = dataclasses.fields(cast(Any, cls))
+    return (
         not hasattr(cls, "__post_init__")
         and len(fields) == len(getattr(cls, "__dataclass_fields__", ()))  # no InitVar, ClassVar
         and all(f.init for f in fields)
-        and any(f.name == "position" for f in fields)
         and not any("__slots__" in vars(base) for base in cls.__mro__)  # fields in the dict
         and _made_by_dataclass(cls.__init__)
         and (cls.__setattr__ is object.__setattr__ or _made_by_dataclass(cls.__setattr__))
     )
-    _PLAIN_FIELDS[cls] = len(fields) if plain else 0
-    return _PLAIN_FIELDS[cls]
 
 
 def _made_by_dataclass(method: object) -> bool:
@@ -219,6 +226,9 @@ class DataclassCodec(Codec[T]):
             f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING
         )
         self.version = version
+        # An instance of a plain class (_is_plain) with every field given is decoded by
+        # filling its dict: about 3x faster than calling the class.
+        self._plain = len(self._fields) if _is_plain(cls) else -1
 
     def encode(self, value: T) -> JsonDict:
         return {name: _to_json(getattr(value, name)) for name in self._fields}
@@ -238,6 +248,10 @@ class DataclassCodec(Codec[T]):
             )
         if list in map(type, data.values()):  # a C-level scan: most splits hold no list
             return self._cls(**{k: _from_json(v) for k, v in data.items()})
+        if len(data) == self._plain:
+            value = _new(self._cls)
+            value.__dict__.update(data)
+            return value
         return self._cls(**data)
 
 

@@ -619,7 +619,7 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
-        self._note_lag(split_id, None, 0)
+        self._note_lag(split_id, 0)
         self._slot_of.pop(split_id, None)
         self._piece.pop(split_id, None)
         self._backlog_of.pop(split_id, None)
@@ -655,7 +655,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if slot_id is None or extent is None:
                 backlogs.pop(sid, None)
                 if slot_id is not None:  # a split no longer held lags no more (_forget)
-                    self._note_lag(sid, None, 0)
+                    self._note_lag(sid, 0)
                 continue
             if self._note_backlog(sid, extent, self._slots[slot_id][sid].position):
                 ended.setdefault(slot_id, []).append(sid)
@@ -664,23 +664,28 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _note_backlog(self, split_id: str, extent: SplitExtent, position: int) -> bool:
         """Keep the lag and the backlog of split ``split_id`` (held) at ``position``; whether
         it is at its final position with nothing to read (to be finished)."""
-        self._note_lag(split_id, extent, position)
-        stop = extent.latest if self._target is None else self._cap(split_id, extent)
+        latest = extent.latest
+        self._note_lag(split_id, extent.exists_to - position)
+        stop = latest if self._target is None else self._cap(split_id, extent)
         if stop > position:
             self._backlog_of[split_id] = stop - position
             return False
         self._backlog_of.pop(split_id, None)
-        return extent.final and position >= extent.latest
+        return extent.final and position >= latest
 
-    def _note_lag(self, split_id: str, extent: SplitExtent | None, position: int) -> None:
-        """Keep what exists of split ``split_id`` (held) past ``position`` (for :meth:`lag`),
-        and its slot's total; no ``extent``: nothing (it is gone, or no longer held)."""
-        lag = 0 if extent is None else extent.exists_to - position
-        was = self._lag_of.pop(split_id, 0)
+    def _note_lag(self, split_id: str, lag: int) -> None:
+        """Keep what exists of split ``split_id`` (held) past its position, ``lag`` (none
+        when at most 0: it is read up to what exists, gone, or no longer held), for
+        :meth:`lag`, and its slot's total."""
+        lags = self._lag_of
+        was = lags.get(split_id, 0)
         if lag > 0:
-            self._lag_of[split_id] = lag
-        else:
+            lags[split_id] = lag
+        elif was:
             lag = 0
+            del lags[split_id]
+        else:
+            return
         if lag != was:
             self._slot_lag[self._slot_of[split_id]] += lag - was
 
@@ -690,15 +695,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         """Each slot's splits that the batch reading ``reads`` (split id -> records, none 0)
         reads to their final position."""
         ends: dict[int, list[str]] = {}
-        for slot_id, slot in self._slots.items():
-            ended = [
-                sid
-                for sid in slot.keys() & reads.keys()
-                if extents[sid].final and slot[sid].position + reads[sid] >= extents[sid].latest
-            ]
-            if ended:
-                ends[slot_id] = sorted(ended)
-        return ends
+        slots, slot_of = self._slots, self._slot_of
+        for sid, records in reads.items():
+            slot_id = slot_of.get(sid)
+            if slot_id is None:
+                continue
+            extent = extents[sid]
+            if extent.final and slots[slot_id][sid].position + records >= extent.latest:
+                ends.setdefault(slot_id, []).append(sid)
+        return {slot_id: sorted(ends[slot_id]) for slot_id in sorted(ends)}
 
     def _finish(self, ended: Mapping[int, Sequence[str]]) -> bool:
         """Take the splits ``ended`` names out of their slots and tell the enumerator they
@@ -796,7 +801,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             slot[sid] = with_position(split, stop)
             extent = extents.get(sid)
             if extent is None:  # not expected (a split is read by its extent): lags no more
-                self._note_lag(sid, None, stop)
+                self._note_lag(sid, 0)
                 self._changed.add(sid)
             elif self._note_backlog(sid, extent, stop):
                 self._changed.add(sid)  # not expected (ended splits are finished): a check
