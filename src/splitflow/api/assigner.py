@@ -279,7 +279,8 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
     def add_reader(self, reader_id: int) -> None:
         info = self.context.registered_readers()[reader_id]
         self._signaled.discard(reader_id)
-        self._take_reported(info.reported_splits, reader_id)
+        for split in info.reported_splits:
+            self._take_reported(split, reader_id)
         lost = self._owned_by.get(reader_id)
         if lost:
             raise SplitOwnershipError(
@@ -291,11 +292,10 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._assign_pending()
 
     def add_splits_back(self, splits: Sequence[SplitT], reader_id: int) -> None:
-        back = []
         for split in splits:
             sid = split.split_id
             if self._rolls_back_with(sid, reader_id):
-                back.append(split)
+                self._take_back(split, reader_id)
             elif sid in self._owner:
                 raise SplitOwnershipError(
                     f"split {sid} was given back by reader {reader_id} but reader "
@@ -303,7 +303,6 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
                     split_ids=(sid,),
                 )
             # else: removed upstream, or finished by another reader: nothing comes back
-        self._take_back(back, reader_id)
 
     def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
         if isinstance(event, SplitsFinishedEvent):
@@ -360,26 +359,17 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             self._owned_by[owner].discard(split_id)
         self._assigned.pop(split_id, None)
 
-    def _take_reported(self, splits: Sequence[SplitT], reader_id: int) -> None:
-        """Take back what reader ``reader_id`` reported as it registered: each split the
-        enumerator awaits (a global restore: the reader's state is the split's state), that
-        rolls back with the reader (a partial failover) or that it does not know (keep it,
-        lose nothing). The others are stale (FLIP-537 case 4): another reader owns or
-        finished them, or they were removed upstream since the checkpoint the reader
-        restored. Each split is judged on the state before any is taken back."""
-        ids = [split.split_id for split in splits]
-        awaited = self._awaiting.keys() & ids
-        for sid in awaited:
+    def _take_reported(self, split: SplitT, reader_id: int) -> None:
+        sid = split.split_id
+        if sid in self._awaiting:  # global restore: the reader's state is the split's state
             del self._awaiting[sid]
-        owner, finished, removed = self._owner, self._finished, self._removed
-        taken = [
-            split
-            for split, sid in zip(splits, ids, strict=True)
-            if sid in awaited
-            or self._rolls_back_with(sid, reader_id)
-            or not (sid in owner or sid in finished or sid in removed)
-        ]
-        self._take_back(taken, reader_id)
+            self._take_back(split, reader_id)
+        elif self._rolls_back_with(sid, reader_id):  # partial failover
+            self._take_back(split, reader_id)
+        elif not (sid in self._owner or sid in self._finished or sid in self._removed):
+            self._take_back(split, reader_id)  # unknown to this enumerator: keep, lose nothing
+        # else: stale (FLIP-537 case 4): another reader owns or finished it, or it was
+        # removed upstream since the checkpoint the reader restored
 
     def _rolls_back_with(self, split_id: str, reader_id: int) -> bool:
         """Whether a failover of ``reader_id`` undoes its hold on ``split_id``.
@@ -392,20 +382,14 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             split_id in self._finished and self._finished[split_id] == reader_id
         )
 
-    def _take_back(self, splits: Sequence[SplitT], reader_id: int) -> None:
-        """The enumerator owns ``splits`` again; they go back to ``reader_id`` if it can."""
-        if not splits:
-            return
-        ids = [split.split_id for split in splits]
+    def _take_back(self, split: SplitT, reader_id: int) -> None:
+        """The enumerator owns ``split`` again; it goes back to ``reader_id`` if it can."""
+        sid = split.split_id
         self._known_changes += 1
-        for sid in self._owner.keys() & ids:
-            self._release(sid)
-        for sid in self._finished.keys() & ids:
-            del self._finished[sid]
-        unassigned = self._unassigned
-        for sid, split in zip(ids, splits, strict=True):
-            unassigned.setdefault(sid, split)
-        self._preferred.update(dict.fromkeys(ids, reader_id))
+        self._release(sid)
+        self._finished.pop(sid, None)
+        self._unassigned.setdefault(sid, split)
+        self._preferred[sid] = reader_id
 
     def _retries_discovery(self, error: BaseException) -> bool:
         """Whether a failed discovery is left to the next interval (see the class)."""
