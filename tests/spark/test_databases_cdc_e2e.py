@@ -172,8 +172,11 @@ def db(
 
 @pytest.mark.parametrize(
     ("kill_at", "parallelism_after"),
-    [("snapshot", 2), ("snapshot", 3), ("switch", 2), ("log", 2)],
-    ids=["during-snapshot", "during-snapshot-rescale-to-3", "at-switch-to-log", "during-log"],
+    # A kill during the snapshot restarts at another parallelism here (each case costs 50
+    # to 100 s of CI); test_cdc_repeatable_reads kills one and restarts at the same, on the
+    # CDC core both databases share.
+    [("snapshot", 3), ("switch", 2), ("log", 2)],
+    ids=["during-snapshot-rescale-to-3", "at-switch-to-log", "during-log"],
 )
 def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
     db: Database, tmp_path: Path, kill_at: str, parallelism_after: int
