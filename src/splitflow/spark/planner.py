@@ -142,9 +142,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._backlog_of: dict[str, int] = {}
         self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
         self._slot_lag: dict[int, int] = {}  # slot -> the sum of its splits' _lag_of
-        # Each held split's slice in the next offset unless a batch reads it: the slice the
-        # batch that read it last made (or one that reads nothing, since it was assigned).
-        self._piece: dict[str, Slice[SplitT]] = {}
+        # Each slot's held splits' slices in the next offset unless a batch reads them: the
+        # slice the batch that read it last made (or one that reads nothing, since it was
+        # assigned); in the order of the slot's dict in _slots.
+        self._pieces: dict[int, dict[str, Slice[SplitT]]] = {}
         self._initial = False  # checkpoint 0 taken (by initial_offset)
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -163,8 +164,9 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._owner.begin(restore_from.owner if restore_from else None)
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
+        self._pieces = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
-        self._slot_of, self._piece = {}, {}
+        self._slot_of = {}
         self._changed, self._read = set(), set()
         self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
         self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
@@ -236,7 +238,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(message, AddSplits):
             ids = [split.split_id for split in message.splits]
             slot.update(zip(ids, message.splits, strict=True))
-            self._piece.update((s.split_id, Slice(s, s.position)) for s in message.splits)
+            self._pieces[reader_id].update(
+                zip(ids, (Slice(s, s.position) for s in message.splits), strict=True)
+            )
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._changed.update(ids)
             self._unknown.update(ids)
@@ -503,7 +507,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         split = slot.get(sid)
         if split is not None and event.position < split.position:
             slot[sid] = with_position(split, event.position)
-            self._piece[sid] = Slice(slot[sid], event.position)
+            self._pieces[self._slot_of[sid]][sid] = Slice(slot[sid], event.position)
             self._changed.add(sid)
 
     def _check_events_written(
@@ -620,8 +624,9 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
         self._note_lag(split_id, 0)
-        self._slot_of.pop(split_id, None)
-        self._piece.pop(split_id, None)
+        slot_id = self._slot_of.pop(split_id, None)
+        if slot_id is not None:
+            self._pieces[slot_id].pop(split_id, None)
         self._backlog_of.pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
@@ -629,7 +634,8 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _backlogs(
         self, extents: dict[str, SplitExtent]
     ) -> tuple[dict[str, int], dict[int, list[str]]]:
-        """What each split may read next (only splits with records to read), and each slot's
+        """What each split may read next (only splits with records to read; the planner's own
+        dict, kept up to date from call to call: read it within one planning), and each slot's
         splits at their final position without a batch reading to it (an empty file, a
         split whose end became known after its last read, a restore from an offset that did
         not finish it), which are to be finished now.
@@ -659,7 +665,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 continue
             if self._note_backlog(sid, extent, self._slots[slot_id][sid].position):
                 ended.setdefault(slot_id, []).append(sid)
-        return dict(backlogs), {slot_id: sorted(sids) for slot_id, sids in ended.items()}
+        return backlogs, {slot_id: sorted(sids) for slot_id, sids in ended.items()}
 
     def _note_backlog(self, split_id: str, extent: SplitExtent, position: int) -> bool:
         """Keep the lag and the backlog of split ``split_id`` (held) at ``position``; whether
@@ -773,26 +779,28 @@ class Planner(Generic[SplitT, EnumStateT]):
                 self._settle(self.coordinator.handle_source_event(slot_id, event))
 
     def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
-        """Slot ``slot_id``'s splits in split id order (sorted again only after additions)."""
+        """Slot ``slot_id``'s splits in split id order (sorted again only after additions),
+        and its slices (:attr:`_pieces`) in the same order."""
         if slot_id in self._unsorted:
             self._slots[slot_id] = dict(sorted(self._slots[slot_id].items()))
+            pieces = self._pieces[slot_id]
+            self._pieces[slot_id] = {sid: pieces[sid] for sid in self._slots[slot_id]}
             self._unsorted.discard(slot_id)
         return self._slots[slot_id]
 
     def _slices(
-        self, slot_id: int, reads: Mapping[str, int], seq: int
+        self, slot_id: int, read: Sequence[str], reads: Mapping[str, int], seq: int
     ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
         """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``reads``
-        records (split id -> records, none 0), and those of them that read; its read
-        splits are moved on to where the batch stops.
+        records (split id -> records, none 0) of its splits ``read`` (in split id order),
+        and the slices of those; its read splits are moved on to where the batch stops.
 
         Only the slices of the splits the batch reads are made anew: every other split keeps
-        the slice object it had (``_piece``), which saves the encoder and the state file
+        the slice object it had (``_pieces``), which saves the encoder and the state file
         their work (:class:`OffsetEncoder`).
         """
         slot = self._sorted_slot(slot_id)
-        pieces = self._piece
-        read = sorted(slot.keys() & reads.keys())
+        pieces = self._pieces[slot_id]
         extents = self._extent_of
         for sid in read:  # each read split becomes a new object
             split = slot[sid]
@@ -806,7 +814,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             elif self._note_backlog(sid, extent, stop):
                 self._changed.add(sid)  # not expected (ended splits are finished): a check
         self._read.update(read)
-        return tuple(map(pieces.__getitem__, slot)), tuple(map(pieces.__getitem__, read))
+        return tuple(pieces.values()), tuple(map(pieces.__getitem__, read))
 
     def _snapshot(
         self,
@@ -842,10 +850,15 @@ class Planner(Generic[SplitT, EnumStateT]):
                     "stateDir to keep them in a state directory instead",
                     len(ids),
                 )
+        by_slot: dict[int, list[str]] = {}  # the splits read, of each slot
+        slot_of = self._slot_of
+        for sid in reads:
+            if (slot_id := slot_of.get(sid)) is not None:  # not those finished above
+                by_slot.setdefault(slot_id, []).append(sid)
         slots: list[tuple[Slice[SplitT], ...]] = []
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
-            slices, read = self._slices(slot_id, reads, seq)
+            slices, read = self._slices(slot_id, sorted(by_slot.get(slot_id, ())), reads, seq)
             if slot_id in ending:
                 slices = tuple(
                     sorted(
