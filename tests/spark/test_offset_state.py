@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,7 +40,7 @@ from splitflow.spark.offsetstate import (
     patched,
 )
 from splitflow.spark.planner import Planner
-from splitflow.spark.snapshots import StateRef, to_json
+from splitflow.spark.snapshots import StateRef, from_json, to_json
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
@@ -82,7 +83,25 @@ json_values = st.recursive(
 @given(json_values)
 @PROPERTY
 def test_a_state_file_reads_back_as_json_would_have_written_it(value: Any) -> None:
-    assert json.loads(to_json(value)) == json.loads(json.dumps(value))
+    expected = json.loads(json.dumps(value))
+    assert from_json(to_json(value)) == expected  # as the planner reads it
+    assert json.loads(to_json(value)) == expected  # as any other tool reads it
+
+
+@pytest.mark.parametrize("number", [2**64, -(2**63) - 1, 10**30], ids=str)
+def test_integers_beyond_64_bits_read_back_exactly_from_state_files(number: int) -> None:
+    # orjson cannot write them (json does), and would read them as floats
+    written = to_json({"position": number})
+    assert from_json(written) == {"position": number}
+    assert type(from_json(written)["position"]) is int
+    # a file json wrote before orjson marked its files
+    assert from_json(json.dumps([number]).encode()) == [number]
+
+
+def test_a_state_file_orjson_wrote_before_it_marked_its_files_reads_back() -> None:
+    assert from_json(orjson.dumps({"slots": {"0": [["a", {"position": 3}, 5, 1]]}})) == {
+        "slots": {"0": [["a", {"position": 3}, 5, 1]]}
+    }
 
 
 class Level(enum.IntEnum):

@@ -75,11 +75,24 @@ def to_json(content: object) -> bytes:
     state of 100k splits: 12 ms against 157, ``bench/state_json.py``). What orjson does not
     write as ``json`` does (integers beyond 64 bits, keys that are not strings, subclasses
     of the JSON types, dataclasses, dates) goes through ``json``, which also raises for what
-    is not JSON. A float that is not finite has no JSON form and is written as ``null``."""
+    is not JSON. A float that is not finite has no JSON form and is written as ``null``.
+
+    What orjson wrote ends with a newline, which tells :func:`from_json` that orjson may
+    read it back."""
     try:
-        return orjson.dumps(content, option=_AS_JSON_DOES)
+        return orjson.dumps(content, option=_AS_JSON_DOES | orjson.OPT_APPEND_NEWLINE)
     except TypeError:
         return json.dumps(content, separators=(",", ":")).encode()
+
+
+def from_json(content: bytes) -> Any:
+    """What :func:`to_json` wrote, read back. orjson reads what orjson wrote (about 1.8
+    times as fast as ``json``: every integer in it fits 64 bits, beyond which orjson would
+    read a float); ``json`` reads the rest (what ``json`` wrote, and files written before
+    orjson marked its own). Raises ValueError for what is not JSON."""
+    if content.endswith(b"\n"):
+        return orjson.loads(content)
+    return json.loads(content)
 
 
 @dataclass(frozen=True)
@@ -179,7 +192,7 @@ class SnapshotLog:
                 path=where,
             )
         try:
-            return json.loads(content)
+            return from_json(content)
         except ValueError as error:
             raise CheckpointStateError(
                 f"option stateDir: {self.what} file {where} is not JSON: {error}", path=where
