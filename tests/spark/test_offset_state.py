@@ -31,6 +31,7 @@ from tests.spark.test_planner import (
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords
+from splitflow.spark.offset import OffsetEncoder
 from splitflow.spark.offsetstate import (
     COMPACT_EVERY,
     FULL,
@@ -261,6 +262,69 @@ def test_a_restart_from_any_kept_offset_reads_on_exactly_once(
     assert_exactly_once(read_before + restarted.read, catalog.records())
     restored = restarted.planner.read_offset(restarted.offset)
     assert restored.parallelism == parallelism
+
+
+@pytest.mark.parametrize("state_dir", [True, False], ids=["stateDir", "inline"])
+def test_a_restart_goes_on_with_the_offsets_an_uninterrupted_run_writes(
+    tmp_path: Path, state_dir: bool
+) -> None:
+    """A restored planner keeps each slice as the offset it restored from left it (not one
+    that reads nothing from the split's position), so the offsets after a restart at the
+    same parallelism are those of a run that did not stop; a restore re-encodes and writes
+    only what the next batch changes."""
+    runs = []
+    for name in ("uninterrupted", "restarted"):
+        clock = FakeClock()
+        catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(12)})
+        state = tmp_path / name if state_dir else None
+        query = Query(planner(catalog, clock, state, 3))
+        assert query.batch() is not None
+        one_split_at_a_time(query, catalog, 5)
+        restored_from = query.offset
+        if name == "restarted":
+            query.planner.close()
+            query = Query(planner(catalog, clock, state, 3), start=restored_from)
+        one_split_at_a_time(query, catalog, 3)
+        runs.append([query.planner.read_offset(end).slots for end in query.ends[-3:]])
+    uninterrupted, restarted = runs
+    assert restarted == uninterrupted
+    # slices read batches ago keep the batch that read them (not 0: "none read")
+    assert {s.seq for slot in restarted[0] for s in slot} - {0}
+    if state_dir:  # the first batch after the restart wrote a delta on the files restored from
+        before, after = (
+            StateRef.decode(restored_from["state"]),
+            StateRef.decode(query.ends[0]["state"]),
+        )
+        assert after.base == before.base
+        assert after.deltas == (*before.deltas, after.deltas[-1])
+
+
+def test_a_restore_reuses_the_encoded_slices_of_the_offset_it_restored_from(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(8)})
+    query = Query(planner(catalog, clock, None, 2))
+    assert query.batch() is not None
+    one_split_at_a_time(query, catalog, 2)
+    restored = planner(catalog, clock, None, 2)
+    catalog.append("s03", 1)
+    end = restored.latest_offset(query.offset, MaxRecords(10))
+    kept = {e[0]: e for slot in query.offset["slots"] for e in slot}
+    entries = [e for slot in end["slots"] for e in slot]
+    assert {e[0] for e in entries if e is kept[e[0]]} == set(kept) - {"s03"}
+    assert [e for e in entries if e[0] == "s03"] != [kept["s03"]]  # read by the batch
+
+    # Entries written by other codec versions are not reused: encoded anew, as before
+    offset = restored.read_offset(query.offset)
+    encoder = OffsetEncoder(restored.source)
+    encoder.seed(offset, {**query.offset, "codecs": [1, 99]})
+    anew = encoder.encode(offset)
+    assert anew["slots"] == query.offset["slots"]
+    assert not any(e is kept[e[0]] for slot in anew["slots"] for e in slot)
+    encoder.seed(offset, query.offset)
+    again = encoder.encode(offset)
+    assert all(e is kept[e[0]] for slot in again["slots"] for e in slot)
 
 
 def test_commits_delete_the_files_no_kept_offset_refers_to(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ class LedgerStore(SnapshotLog):
         """The ledger ``ref`` names (empty for ``None``); later writes build on it."""
         ids: set[str] = set()
         if ref is not None:
-            snapshot, deltas = self._read_all(ref)
+            snapshot, deltas, _ = self._read_all(ref)
             ids.update(snapshot["ids"])
             for delta in deltas:
                 ids.difference_update(delta["drop"])

@@ -94,9 +94,13 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     def reader_states(self) -> dict[int, list[SplitT]]:
         """Each slot's splits at the position reading resumes after this batch (the splits
         the batch ends are finished then)."""
+        return {slot: [split for split, _ in kept] for slot, kept in self.resumes().items()}
+
+    def resumes(self) -> dict[int, list[tuple[SplitT, Slice[SplitT]]]]:
+        """:meth:`reader_states`, each split with its slice in this offset."""
         return {
             slot: [
-                s.split if s.stop == s.split.position else with_position(s.split, s.stop)
+                (s.split if s.stop == s.split.position else with_position(s.split, s.stop), s)
                 for s in slices
                 if not s.ends
             ]
@@ -177,6 +181,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
     by identity at C speed, and only their entries are made anew: the others are the same
     list objects as before (which :func:`~splitflow.spark.offsetstate.difference` skips by
     identity). A slot whose splits changed is encoded whole, reusing each split's encoding.
+    After a restore, the offset restored from counts as the one encoded last (:meth:`seed`).
 
     Called by: the planner, one offset at a time.
     """
@@ -193,6 +198,18 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         self.since: list[list[list[Any]]] | None = None
         """The ``slots`` of the offset encoded before the last one (what :attr:`changed`
         is relative to)."""
+        self._seeded = False  # the last offset is a decoded one (seed)
+        self._by_id: dict[str, tuple[SplitT, list[Any]]] | None = None  # its entries by id
+
+    def seed(self, offset: BatchOffset[SplitT, EnumStateT], data: Mapping[str, Any]) -> None:
+        """Encode the next offset as one that follows ``offset``, decoded from ``data`` (a
+        whole offset) by a restore: a slice it keeps (the same object) keeps its entry of
+        ``data``, in whichever slot it is now. Only when ``data`` is of this format and
+        these codec versions: its splits' encodings are then what this encoder writes."""
+        codecs = [self.source.enumerator_state_codec.version, self.source.split_codec.version]
+        if data.get("splitflow") != OFFSET_FORMAT or list(data.get("codecs", ())) != codecs:
+            return
+        self._slots, self._entries, self._seeded = offset.slots, data["slots"], True
 
     def encode(self, offset: BatchOffset[SplitT, EnumStateT]) -> JsonDict:
         enum_codec = self.source.enumerator_state_codec
@@ -216,13 +233,14 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 entries.append(now)
                 changed.append([now[i] for i in moved if now[i] is not was[i]])
             else:
-                before = {s.split.split_id: (s.split, e) for s, e in zip(last, was, strict=True)}
+                before = self._entries_by_id() if self._seeded else _by_id(last, was)
                 entries.append(
                     [self._entry(s, *before.get(s.split.split_id, (None, None))) for s in slices]
                 )
                 changed.append(None)
         self.since = self._entries if self._slots else None
         self._slots, self._entries, self.changed = offset.slots, entries, changed
+        self._seeded, self._by_id = False, None
         return {
             "splitflow": OFFSET_FORMAT,
             "seq": offset.seq,
@@ -237,6 +255,15 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
             **({} if offset.owner is None else {"owner": offset.owner}),
         }
 
+    def _entries_by_id(self) -> dict[str, tuple[SplitT, list[Any]]]:
+        """Every slot's entries of the last offset by split id: a restore may have moved a
+        split to another slot."""
+        if self._by_id is None:
+            self._by_id = {}
+            for slices, entries in zip(self._slots, self._entries, strict=True):
+                self._by_id.update(_by_id(slices, entries))
+        return self._by_id
+
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
         tail = [piece.stop, piece.seq, 1] if piece.ends else [piece.stop, piece.seq]
@@ -245,6 +272,12 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 return entry
             return [entry[0], entry[1], *tail]
         return [piece.split.split_id, self._codec.encode(piece.split), *tail]
+
+
+def _by_id(
+    slices: Sequence[Slice[SplitT]], entries: Sequence[list[Any]]
+) -> dict[str, tuple[SplitT, list[Any]]]:
+    return {s.split.split_id: (s.split, e) for s, e in zip(slices, entries, strict=True)}
 
 
 def plan_partitions(

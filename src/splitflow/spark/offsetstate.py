@@ -36,9 +36,9 @@ order within each slot, the order the planner builds them in), and its tasks are
 restores the coordinator from the expanded offset, through the same path as before.
 
 A new snapshot is written every :data:`COMPACT_EVERY` batches, or sooner once the deltas
-since the last one add up to half its size, and first after a run loaded an offset; so a
-restore reads the snapshot and at most :data:`COMPACT_EVERY` deltas, about one and a half
-times the state.
+since the last one add up to half its size (a run that loaded an offset goes on from its
+files, unless they are of format 2); so a restore reads the snapshot and at most
+:data:`COMPACT_EVERY` deltas, about one and a half times the state.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class OffsetState(SnapshotLog):
         if small not in (SMALL, OLD_SMALL):
             return dict(offset)
         ref = StateRef.decode(offset["state"])
-        snapshot, deltas = self._read_all(ref)
+        snapshot, deltas, sizes = self._read_all(ref)
         state = snapshot
         for delta in deltas:
             state = patched(state, delta)
@@ -225,13 +225,19 @@ class OffsetState(SnapshotLog):
                 "query, or altered",
                 path=self.root,
             )
-        self._ref, self._state, self._base_bytes, self._slots = ref, state, 0, None
+        whole = [[slot[sid] for sid in sorted(slot)] for slot in slots]
+        # The next state is written as a delta of this one, or whole (after a state of the
+        # format before, whose entries a delta would leave in their old form).
+        self._ref, self._state, self._slots = ref, state, whole
+        self._base_bytes, self._delta_bytes = (
+            (sizes[0], sum(sizes[1:])) if small == SMALL else (0, 0)
+        )
         kept = {k: v for k, v in offset.items() if k not in ("state", "parallelism")}
         return {
             **kept,
             "splitflow": FULL if small == SMALL else OLD_FULL,
             "enumerator": state["enumerator"],
-            "slots": [[slot[sid] for sid in sorted(slot)] for slot in slots],
+            "slots": whole,
             **({"event_times": state["event_times"]} if state["event_times"] else {}),
         }
 

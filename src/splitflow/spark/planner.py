@@ -146,6 +146,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         # slice the batch that read it last made (or one that reads nothing, since it was
         # assigned); in the order of the slot's dict in _slots.
         self._pieces: dict[int, dict[str, Slice[SplitT]]] = {}
+        # While a restore hands the slots their splits: split id -> the split at the position
+        # reading resumes from, as the offset restored from gives it, and its slice there.
+        self._resumes: dict[str, tuple[SplitT, Slice[SplitT]]] = {}
         self._initial = False  # checkpoint 0 taken (by initial_offset)
         self._event_times: dict[str, int] = {}  # split id -> watermark (latest event time read)
         self._aligner: Aligner[SplitT] | None = None  # with maxEventTimeDrift, per run
@@ -180,13 +183,17 @@ class Planner(Generic[SplitT, EnumStateT]):
             restored_state=self._restored_state(restore_from),
         )
         self._settle(self._coordinator.start())
-        states = (
-            redistribute_reader_states(restore_from.reader_states(), self.parallelism)
-            if restore_from
-            else {}
+        resumes = restore_from.resumes() if restore_from else {}
+        states = redistribute_reader_states(
+            {slot: [split for split, _ in kept] for slot, kept in resumes.items()},
+            self.parallelism,
         )
+        self._resumes = {
+            split.split_id: (split, s) for kept in resumes.values() for split, s in kept
+        }
         for slot in range(self.parallelism):
             self._settle(self._coordinator.register_reader(slot, "driver", states.get(slot, [])))
+        self._resumes = {}
         self._last = restore_from
         self._event_times = dict(restore_from.event_times) if restore_from else {}
         self._aligner, self._aligned = self._new_aligner(), None
@@ -239,7 +246,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             ids = [split.split_id for split in message.splits]
             slot.update(zip(ids, message.splits, strict=True))
             self._pieces[reader_id].update(
-                zip(ids, (Slice(s, s.position) for s in message.splits), strict=True)
+                zip(ids, map(self._new_piece, message.splits), strict=True)
             )
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._changed.update(ids)
@@ -253,6 +260,15 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._to_readers.setdefault(reader_id, []).append(message.event)
         elif isinstance(message, NoMoreSplits):
             pass  # a slot ends when its splits end; nothing to do
+
+    def _new_piece(self, split: SplitT) -> Slice[SplitT]:
+        """The slice of a split a slot is given: none read (from its position), unless a
+        restore gives it back as the offset restored from left it (the same object): then
+        that offset's slice, as if the run had not stopped (its encoding is reused)."""
+        resumed = self._resumes.get(split.split_id)
+        if resumed is not None and resumed[0] is split:
+            return resumed[1]
+        return Slice(split, split.position)
 
     # -- driving the coordinator ------------------------------------------------------------
 
@@ -277,9 +293,11 @@ class Planner(Generic[SplitT, EnumStateT]):
             return
         if self._coordinator is not None and self._planned_last(start):
             return  # the batch planned last: no need to decode the whole offset
-        decoded = self._decode(start)
+        whole = self._expand(start)
+        decoded = BatchOffset.decode(whole, self.source)
         log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
         self._start(decoded)
+        self._encoder.seed(decoded, whole)
 
     # -- Spark's calls ------------------------------------------------------------------------
 
@@ -392,9 +410,13 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _decode(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
         """A Spark offset of this query (a small one: its state read from ``stateDir``); the
         state files this planner writes next build on it."""
+        return BatchOffset.decode(self._expand(offset), self.source)
+
+    def _expand(self, offset: Mapping[str, Any]) -> JsonDict:
+        """A Spark offset of this query, whole (see :meth:`_decode`)."""
         if self._owner is not None and offset.get("state") is not None:
             self._owner.expect(offset.get("owner"))
-        return BatchOffset.decode(expand_offset(offset, self._offsets), self.source)
+        return expand_offset(offset, self._offsets)
 
     def read_offset(self, offset: Mapping[str, Any]) -> BatchOffset[SplitT, EnumStateT]:
         """A Spark offset of this query, read as a restarted driver reads it, without

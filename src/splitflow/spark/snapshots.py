@@ -172,14 +172,14 @@ class SnapshotLog:
         self.store.put(self.store.path(self.folder, f"{kind}-{seq}.json"), data)
         self._remember(seq, kind)
 
-    def _read_all(self, ref: StateRef) -> tuple[Any, list[Any]]:
+    def _read_all(self, ref: StateRef) -> tuple[Any, list[Any], list[int]]:
         """The snapshot and the deltas ``ref`` names, in order (read concurrently from an
-        object store)."""
+        object store), and the size in bytes of each file."""
         names = [f"snapshot-{ref.base}.json", *(f"delta-{d}.json" for d in ref.deltas)]
         paths = [self.store.path(self.folder, name) for name in names]
         found = self.store.get_many(paths)
         snapshot, *deltas = (self._parse(path, found.get(path)) for path in paths)
-        return snapshot, deltas
+        return snapshot, deltas, [len(found.get(path) or b"") for path in paths]
 
     def _parse(self, path: str, content: bytes | None) -> Any:
         where = self.store.where(path)
