@@ -246,7 +246,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             ids = [split.split_id for split in message.splits]
             slot.update(zip(ids, message.splits, strict=True))
             self._pieces[reader_id].update(
-                zip(ids, map(self._new_piece, message.splits), strict=True)
+                zip(ids, map(self._new_piece, ids, message.splits), strict=True)
             )
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._changed.update(ids)
@@ -261,11 +261,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         elif isinstance(message, NoMoreSplits):
             pass  # a slot ends when its splits end; nothing to do
 
-    def _new_piece(self, split: SplitT) -> Slice[SplitT]:
+    def _new_piece(self, split_id: str, split: SplitT) -> Slice[SplitT]:
         """The slice of a split a slot is given: none read (from its position), unless a
         restore gives it back as the offset restored from left it (the same object): then
         that offset's slice, as if the run had not stopped (its encoding is reused)."""
-        resumed = self._resumes.get(split.split_id)
+        resumed = self._resumes.get(split_id)
         if resumed is not None and resumed[0] is split:
             return resumed[1]
         return Slice(split, split.position)
