@@ -25,9 +25,9 @@ def spark_processes() -> dict[int, tuple[str, float]]:
     and ends between two calls (a short-lived planning worker) is never seen.
     """
     parents: dict[int, int] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            parents[int(pid)] = int(_stat(pid)[1])
+            parents[int(entry)] = int(_stat(entry)[1])
         except (OSError, IndexError, ValueError):  # it ended meanwhile
             continue
     mine, found = {os.getpid()}, True

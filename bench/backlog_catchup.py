@@ -92,7 +92,7 @@ class Outcome:
 
 def _end_time(progress: dict[str, Any]) -> float:
     start = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
-    return start + progress["durationMs"]["triggerExecution"] / 1000.0
+    return start + float(progress["durationMs"]["triggerExecution"]) / 1000.0
 
 
 def _positions(progress: dict[str, Any]) -> dict[str, int]:
@@ -150,10 +150,8 @@ def run_one(
             lengths = catalog.lengths()
             deadline = time.time() + 60
             while time.time() < deadline:
-                progress = query.lastProgress
-                if progress and all(
-                    _positions(progress).get(s, -1) >= n for s, n in lengths.items()
-                ):
+                last = query.lastProgress
+                if last and all(_positions(last).get(s, -1) >= n for s, n in lengths.items()):
                     break
                 time.sleep(0.1)
         finally:
@@ -232,7 +230,7 @@ def main() -> None:
     spark.stop()
 
     def median(label: str, of: Any) -> float:
-        return statistics.median(of(o) for o in results[label])
+        return float(statistics.median(of(o) for o in results[label]))
 
     speedups = [b.catchup / a.catchup for a, b in zip(results["a"], results["b"], strict=True)]
     speedup = statistics.median(speedups)

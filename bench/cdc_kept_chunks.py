@@ -30,14 +30,16 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from splitflow.connectors.cdc import cut_ahead
 from splitflow.connectors.cdc.reader import KeptChunks
 from splitflow.connectors.postgres import catalog
 from splitflow.connectors.postgres.options import PostgresOptions
-from splitflow.connectors.postgres.pinning import SnapshotPinner
+from splitflow.connectors.postgres.pinning import BatchSnapshot, SnapshotPinner
 from splitflow.connectors.postgres.reader import CdcSplitReader, Pinned
 from splitflow.connectors.postgres.source import PostgresCdcSource
 from splitflow.spark.cdc import StoreChunks
@@ -53,11 +55,12 @@ def read_all(
 ) -> tuple[float, int]:
     """Every chunk of the table read as batch ``batch``'s tasks read them: seconds, rows."""
     with catalog.connect(source.options, autocommit=True) as conn:
-        chunks = catalog.cut(conn, source.tables[f"public.{TABLE}"], source.options.chunk_size)
-    pinned: Pinned[object] = Pinned()
+        cut = catalog.cut(conn, source.tables[f"public.{TABLE}"], source.options.chunk_size)
+        chunks, _ = cut_ahead([cut], None, partial(catalog.key_after, conn))
+    pinned: Pinned[BatchSnapshot] = Pinned()
     pinned.event = pinner.pin(batch, chunks)
     source.kept_chunks = kept
-    reader = CdcSplitReader(source, pinned)  # type: ignore[arg-type]
+    reader = CdcSplitReader(source, pinned)
     began = time.perf_counter()
     rows = 0
     try:

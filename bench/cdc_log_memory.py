@@ -154,7 +154,18 @@ def child(kind: str, conninfo: str, start: int, stop: int, trace: bool) -> None:
         reader.close()
     else:
         conn = catalog.connect(options, autocommit=True)
-        decoder = LogDecoder(OutputSchema(source.columns()), [], lambda t: source.table(t, conn))
+        decoder = LogDecoder(
+            OutputSchema(source.columns()),
+            [],
+            lambda t: source.table(t, conn),
+            lambda described, relation: catalog.describe_relation(
+                conn,
+                described,
+                relation.oid,
+                [(c.name, c.type_oid, c.type_modifier) for c in relation.columns],
+            ),
+            options.schema_changes == "stop",
+        )
         pieces = list(decoder.read(conn, SLOT, SLOT, start, stop))  # the whole slice at once
         for piece in pieces:
             for batch in piece.batches:
@@ -227,7 +238,7 @@ def main() -> None:
         pg.stop()
 
     def median(kind: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[kind]) / MIB
+        return float(statistics.median(r[key] for r in results[kind])) / MIB
 
     print(
         f"\n{'median over rounds, MiB':28}{'RSS growth':>12}{'Python peak':>13}{'Arrow peak':>12}"

@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.tansu
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -97,8 +97,9 @@ def consumer_loop(broker: Tansu, ends: dict[int, int]) -> tuple[int, float]:
         )
         rows += batch.num_rows
         for m in messages:
-            if m.offset() + 1 >= left.get(m.partition(), 1 << 62):
-                left.pop(m.partition(), None)
+            partition, offset = cast(int, m.partition()), cast(int, m.offset())
+            if offset + 1 >= left.get(partition, 1 << 62):
+                left.pop(partition, None)
     consumer.close()
     return rows, time.perf_counter() - began
 
