@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from splitflow.api.options import parse_duration
-from splitflow.errors import ConfigurationError, SplitflowError
+from splitflow.errors import ConfigurationError, ConnectorError, SplitflowError
 from splitflow.spark import options as options_module
 from splitflow.spark.options import RuntimeOptions
 
@@ -320,6 +320,37 @@ def test_each_connector_refuses_options_it_does_not_know(tmp_path: Path) -> None
         with pytest.raises(ConfigurationError, match=text):
             data_source(spark_options(**options))
     assert KafkaDataSource(spark_options(**kafka, **{"kafka.client.id": "x"})) is not None
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"host": "127.0.0.1", "port": "9", "user": "u", "tables": "t"},  # PostgreSQL
+        {
+            "hostname": "127.0.0.1",
+            "port": "9",
+            "username": "u",
+            "databaseName": "d",
+            "tableName": "t",
+        },
+    ],
+)
+def test_the_cdc_sources_take_the_state_directory_s_client_options(
+    server: dict[str, str],
+) -> None:
+    """``stateDir.<key>`` options (an object store's endpoint or credentials) pass the CDC
+    sources' own check of option names, as every source's: the source goes on to connect
+    (refused here, the port is closed). A misspelt prefix is still refused by name."""
+    from splitflow.spark.mysql import MySqlCdcDataSource
+    from splitflow.spark.postgres import PostgresCdcDataSource
+
+    cls = MySqlCdcDataSource if "hostname" in server else PostgresCdcDataSource
+    options = {**server, "connectTimeout": "2s"}
+    state = {"stateDir": "s3://bucket/state", "stateDir.endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(ConnectorError, match="cannot connect"):
+        cls(spark_options(**options, **state))
+    with pytest.raises(ConfigurationError, match=r"unknown option 'statdir\.endpoint_url'"):
+        cls(spark_options(**options, **{"statDir.endpoint_url": "http://127.0.0.1:9"}))
 
 
 def test_an_interval_or_a_timeout_of_zero_is_refused_naming_the_option(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from splitflow.connectors.mysql import options as mysql_options
 from splitflow.errors import ConfigurationError
 from splitflow.spark.cdc import CdcDataSource
-from splitflow.spark.options import NAMES, RuntimeOptions
+from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 
 if TYPE_CHECKING:  # PyMySQL (the mysql extra) is imported only when the source is used
     from splitflow.connectors.mysql.source import MySqlCdcSource
@@ -36,7 +36,7 @@ class MySqlCdcDataSource(CdcDataSource):
         from splitflow.connectors.mysql import catalog
         from splitflow.connectors.mysql.options import MySqlOptions
 
-        self._options = MySqlOptions.parse(options, known=set(NAMES))
+        self._options = MySqlOptions.parse(options, NAMES, PREFIXES)
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options) as conn:
             self._load_tables(catalog, conn, options)

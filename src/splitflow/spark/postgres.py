@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from splitflow.connectors.postgres import options as postgres_options
 from splitflow.spark.cdc import CdcDataSource
-from splitflow.spark.options import NAMES, RuntimeOptions
+from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 
 if TYPE_CHECKING:  # psycopg (the postgres extra) is imported only when the source is used
     from splitflow.connectors.postgres.source import PostgresCdcSource
@@ -40,7 +40,7 @@ class PostgresCdcDataSource(CdcDataSource):
         from splitflow.connectors.postgres import catalog
         from splitflow.connectors.postgres.options import PostgresOptions
 
-        self._options = PostgresOptions.parse(options, known=set(NAMES))
+        self._options = PostgresOptions.parse(options, NAMES, PREFIXES)
         RuntimeOptions.parse(options)  # its errors before any connection is tried
         with catalog.connect(self._options, autocommit=True) as conn:
             self._load_tables(catalog, conn, options)

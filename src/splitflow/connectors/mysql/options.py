@@ -30,7 +30,7 @@ accepted.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,11 +98,17 @@ class MySqlOptions:
     """A schema change in the binlog fails the query (``stop`` is PostgreSQL's so far)."""
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], known: set[str] | None = None) -> MySqlOptions:
+    def parse(
+        cls,
+        options: Mapping[str, str],
+        known: Iterable[str] | None = None,
+        prefixes: Sequence[str] = (),
+    ) -> MySqlOptions:
         """Read the options (any case). ``known``: the other option names the caller
-        understands (the runtime's); an option in neither set is refused with the nearest
-        known name."""
-        check_names(options, (*OPTIONS, *(known or ())), "splitflow-mysql-cdc")
+        understands (the runtime's), and ``prefixes`` the other names' beginnings
+        (``stateDir.``); an option that is none of these is refused with the nearest known
+        name."""
+        check_names(options, (*OPTIONS, *(known or ())), "splitflow-mysql-cdc", prefixes)
         lowered = {k.lower(): v for k, v in options.items()}
 
         def get(name: str) -> str | None:

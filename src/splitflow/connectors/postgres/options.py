@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from splitflow.api.options import check_names, parse_duration, parse_positive_int
@@ -86,15 +86,21 @@ class PostgresOptions:
     schema_changes: str = "stop"
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], known: set[str] | None = None) -> PostgresOptions:
+    def parse(
+        cls,
+        options: Mapping[str, str],
+        known: Iterable[str] | None = None,
+        prefixes: Sequence[str] = (),
+    ) -> PostgresOptions:
         """Read the options (keys lower-cased, as Spark passes them).
 
-        ``known``: the other option names the caller understands (the runtime's); an
-        option in neither set is refused with the nearest known name.
+        ``known``: the other option names the caller understands (the runtime's), and
+        ``prefixes`` the other names' beginnings (``stateDir.``); an option that is none of
+        these is refused with the nearest known name.
         """
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        check_names(options, (*OPTIONS, *(known or ())), "splitflow-postgres-cdc")
+        check_names(options, (*OPTIONS, *(known or ())), "splitflow-postgres-cdc", prefixes)
         get = {k.lower(): v for k, v in options.items()}.get
         base = get("conninfo") or ""
         try:
