@@ -335,7 +335,7 @@ def test_each_connector_refuses_options_it_does_not_know(tmp_path: Path) -> None
         },
     ],
 )
-def test_the_cdc_sources_take_the_state_directory_s_client_options(
+def test_the_cdc_sources_name_check_lets_the_state_directory_s_client_options_through(
     server: dict[str, str],
 ) -> None:
     """``stateDir.<key>`` options (an object store's endpoint or credentials) pass the CDC

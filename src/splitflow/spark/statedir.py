@@ -176,7 +176,8 @@ class StateStore:
             except (ImportError, ValueError) as error:
                 backend = _BACKENDS.get(self.protocol)
                 hint = (
-                    f"install {backend} (pip install 'splitflow[objectstore]')"
+                    f"install {backend} (pip install {backend}; the extra "
+                    "splitflow[objectstore] brings s3fs and adlfs)"
                     if backend
                     else "no fsspec filesystem is registered for it"
                 )
