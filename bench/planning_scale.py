@@ -100,7 +100,7 @@ from typing import TypeVar
 from splitflow.api.assigner import AssignerState
 from splitflow.spark.events import encode_events
 from splitflow.spark.limits import MaxRecords, ReadAll
-from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.offset import BatchOffset, encode_tasks
 from splitflow.spark.planner import Planner, collect_garbage_less_often
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
@@ -217,10 +217,10 @@ class Runner:
                 slot,
                 offset.seq,
                 codec.version,
-                [(codec.encode(s.split), s.stop) for s in slices],
+                encoded,
                 encode_events(offset.to_readers.get(slot, ())),
             )
-            for index, (slot, slices) in enumerate(plan_partitions(offset, None))
+            for index, (slot, encoded) in enumerate(encode_tasks(offset, codec, None))
         ]
         for task in tasks:
             pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)

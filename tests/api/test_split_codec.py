@@ -88,6 +88,45 @@ def test_dataclass_codec_roundtrips_through_json(split: FileSplit) -> None:
     assert all(isinstance(r, tuple) for r in decoded.ranges)
 
 
+@dataclass(frozen=True)
+class Flat:
+    name: str
+    end: int | None = None
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class FlatMore(Flat):
+    zone: str = "eu"
+
+
+@dataclass(frozen=True)
+class FlatCached(Flat):
+    @functools.cached_property
+    def label(self) -> str:
+        return self.name.upper()
+
+
+def test_dataclass_codec_encodes_every_field_however_the_split_was_made() -> None:
+    """A plain split's encoding is a copy of its instance dict (a fast path): the same as
+    field by field, for splits made by the class, decoded, moved, or holding a tuple, and
+    for a subclass or a split whose dict holds more than its fields."""
+    codec = DataclassCodec(Flat)
+    made = Flat("a", end=9, position=3)
+    decoded = codec.decode({"position": 3, "name": "a", "end": 9}, 1)
+    moved = with_position(Flat("a", end=9), 3)
+    cached = FlatCached("a", end=9, position=3)
+    assert cached.label == "A"  # its dict now holds the cached value too
+    tupled = Flat("a", (1, 2), 3)  # type: ignore[arg-type]
+    for split in (made, decoded, moved, cached, FlatMore("a", 9, 3), tupled):
+        end = [1, 2] if split is tupled else 9
+        expected = {"name": "a", "end": end, "position": 3}
+        encoded = codec.encode(split)
+        assert encoded == expected, split
+        encoded["position"] = 99  # the encoding is the caller's: the split does not change
+        assert split.position == 3
+
+
 def test_dataclass_codec_is_deterministic() -> None:
     codec = DataclassCodec(FileSplit)
     same = FileSplit("/data/a", ranges=((0, 10), (20, 30)), tags=("hot", "eu"), end=30, position=7)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,7 +37,13 @@ from splitflow.spark.limits import (
     share_bytes,
     share_records,
 )
-from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, Slice, plan_partitions
+from splitflow.spark.offset import (
+    OFFSET_FORMAT,
+    BatchOffset,
+    Slice,
+    encode_tasks,
+    plan_partitions,
+)
 from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import (
     SequenceCatalog,
@@ -338,6 +346,44 @@ def test_plan_partitions_makes_no_task_for_empty_slices() -> None:
     assert plan_partitions(end, 1) == []
     mixed = batch_offset([("a", 4, 4), ("b", 0, 2), ("c", 7, 7)])
     assert tasks_as_ranges(plan_partitions(mixed, 1)) == [(0, [("b", 0, 1)]), (0, [("b", 1, 2)])]
+
+
+def test_encode_tasks_encodes_each_task_s_splits_reusing_the_offset_s_encodings(
+    clock: FakeClock,
+) -> None:
+    catalog = SequenceCatalog({f"s{i}": 10 + i for i in range(6)})
+    planner = planner_for(catalog, clock, parallelism=2)
+    codec = planner.source.split_codec
+    start = planner.initial_offset()
+    for batch in range(3):
+        end = as_spark_stores_it(planner.latest_offset(start, MaxRecords(25)))
+        planned = planner.planned(end)
+        assert planned.split_encodings is not None
+        version, kept = planned.split_encodings
+        assert version == codec.version
+        reading = [s for slot in range(2) for s in planned.reading(slot)]
+        assert {id(s.split) for s in reading} == kept.keys()
+        decoded = BatchOffset.decode(end, planner.source)  # another process: nothing kept
+        assert decoded.split_encodings is None
+        for cap in (None, 4):
+            anew = [
+                (slot, [(codec.encode(s.split), s.stop) for s in slices])
+                for slot, slices in plan_partitions(planned, cap)
+            ]
+            assert anew
+            assert encode_tasks(planned, codec, cap) == encode_tasks(decoded, codec, cap) == anew
+        # reused: each task's first split is the offset's, encoded once, by the encoder
+        for (_, encoded), (_, slices) in zip(
+            encode_tasks(planned, codec, None), plan_partitions(planned, None), strict=True
+        ):
+            assert all(e is kept[id(s.split)] for (e, _), s in zip(encoded, slices, strict=True))
+        # encodings of another codec version are not used
+        object.__setattr__(
+            planned, "split_encodings", (version + 1, {key: {"name": "bogus"} for key in kept})
+        )
+        assert encode_tasks(planned, codec, None) == encode_tasks(decoded, codec, None)
+        catalog.append(f"s{batch}", 5)
+        start = end
 
 
 def test_max_records_per_task_cuts_a_range_into_contiguous_tasks_of_at_most_n() -> None:
@@ -1224,3 +1270,59 @@ def test_a_tracking_planner_reads_every_record_of_an_awkward_source(
     assert enumerator.asked_late >= 1  # the planner asked for the late split
     assert not enumerator.forget  # and the enumerator forgot, when told to
     assert_exactly_once(query.read, catalog.records())
+
+
+# -- the start of a planner in a planning process ---------------------------------------------
+
+QUIET_START = """
+import gc, sys, weakref
+from splitflow.spark.limits import ReadAll
+from splitflow.spark.planner import Planner, collect_garbage_less_often
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource
+
+if sys.argv[1] == "planning":
+    collect_garbage_less_often()
+started = []  # the generation of each collection that starts
+gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info["generation"]))
+catalog = SequenceCatalog({f"s{i:05d}": 3 for i in range(20_000)})
+first = Planner(SequenceSource(catalog), 4, clock=lambda: 0.0)
+start = first.initial_offset()
+print("initial", len(started), gc.get_freeze_count() > 0)
+end = first.latest_offset(start, ReadAll())
+first.close()
+print("closed", gc.get_freeze_count())
+catalog.append("s00007", 2)
+started.clear()
+restored = Planner(SequenceSource(catalog), 3, clock=lambda: 0.0)
+after = restored.latest_offset(end, ReadAll())  # a restart: restores from end
+print("restore", len(started), gc.get_freeze_count() > 0)
+print("reads", sum(s.records for slot in range(3) for s in restored.planned(after).reading(slot)))
+split = weakref.ref(next(iter(restored._slots[0].values())))
+restored.close()
+del restored
+gc.collect()
+print("freed", gc.get_freeze_count(), split() is None)
+"""
+
+
+@pytest.mark.parametrize("process", ["planning", "other"])
+def test_a_planning_process_starts_planners_without_collections_and_freezes_what_they_made(
+    process: str,
+) -> None:
+    """In a process that plans batches, a planner's start and restore run no collection
+    and freeze what they made; closing unfreezes it, and the splits are freed. Elsewhere
+    the collector is left as it is."""
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_START, process], capture_output=True, text=True, check=True
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    planning = process == "planning"
+    initial, froze = lines["initial"].split()
+    assert (int(initial) == 0) == planning  # collections while it started
+    assert froze == str(planning)
+    assert lines["closed"] == "0"
+    restored, froze = lines["restore"].split()
+    assert (int(restored) == 0) == planning
+    assert froze == str(planning)
+    assert lines["reads"] == "2"  # the restored planner reads on: what was appended
+    assert lines["freed"] == "0 True"

@@ -231,6 +231,14 @@ class DataclassCodec(Codec[T]):
         self._plain = len(self._fields) if _is_plain(cls) else -1
 
     def encode(self, value: T) -> JsonDict:
+        values = getattr(value, "__dict__", None)
+        if (
+            values is not None
+            and len(values) == self._plain
+            and type(value) is self._cls
+            and not _SEQUENCES.intersection(map(type, values.values()))
+        ):  # a plain instance's dict is its fields: a copy, when no field holds a tuple
+            return dict(values)
         return {name: _to_json(getattr(value, name)) for name in self._fields}
 
     def decode(self, data: Mapping[str, Any], version: int) -> T:
@@ -253,6 +261,9 @@ class DataclassCodec(Codec[T]):
             value.__dict__.update(data)
             return value
         return self._cls(**data)
+
+
+_SEQUENCES = frozenset((tuple, list))
 
 
 def _to_json(value: object) -> object:

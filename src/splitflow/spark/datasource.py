@@ -52,7 +52,7 @@ from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
 from splitflow.spark.limits import ReadAll, ReadLimit
-from splitflow.spark.offset import BatchOffset, plan_partitions
+from splitflow.spark.offset import BatchOffset, encode_tasks
 from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 from splitflow.spark.planner import Planner, collect_garbage_less_often
 
@@ -213,10 +213,10 @@ def _partitions(
     partitions = []
     served: set[int] = set()
     first = [] if pinned is None else [pinned]
-    for index, (slot, slices) in enumerate(plan_partitions(end, runtime.max_records_per_task)):
+    tasks = encode_tasks(end, codec, runtime.max_records_per_task)
+    for index, (slot, encoded) in enumerate(tasks):
         events = () if slot in served else end.to_readers.get(slot, ())
         served.add(slot)
-        encoded = [(codec.encode(s.split), s.stop) for s in slices]
         partitions.append(
             SlicePartition(
                 index, slot, end.seq, codec.version, encoded, encode_events([*first, *events])

@@ -12,7 +12,7 @@ from typing import Any, Generic, NamedTuple
 from splitflow.api.enumerator import EnumStateT
 from splitflow.api.events import SourceEvent
 from splitflow.api.source import Source
-from splitflow.api.split import JsonDict, SplitT, with_position
+from splitflow.api.split import Codec, JsonDict, SplitT, with_position
 from splitflow.errors import IncompatibleCheckpointError
 from splitflow.spark.events import decode_events, encode_events
 from splitflow.spark.snapshots import StateRef
@@ -72,6 +72,13 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     )
     """Each slot's slices that read records, in the slot's order, when the planner that
     made the offset knows them (None: found from ``slots``; see :meth:`reading`)."""
+    split_encodings: tuple[int, Mapping[int, Any]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """The split codec's version and, by the split object's ``id``, the encoding of the split
+    of each slice this batch reads, when :class:`OffsetEncoder` encoded the offset (its
+    tasks reuse them: :func:`encode_tasks`); the offset holds the splits, so the ids stay
+    theirs."""
 
     def reading(self, slot: int) -> tuple[Slice[SplitT], ...]:
         """Slot ``slot``'s slices that read records, in order."""
@@ -216,6 +223,8 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         self._codec = self.source.split_codec  # a source may make it anew on each access
         entries: list[list[list[Any]]] = []
         changed: list[list[list[Any]] | None] = []
+        reads: dict[int, Any] = {}  # the encodings of the splits the batch reads
+        seq = offset.seq
         for index, slices in enumerate(offset.slots):
             last = self._slots[index] if index < len(self._slots) else ()
             was = self._entries[index] if index < len(self._entries) else []
@@ -224,23 +233,24 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 if len(last) == len(slices)
                 else None
             )
-            if moved is not None and all(
-                slices[i].split.split_id == last[i].split.split_id for i in moved
-            ):
+            if moved is not None and all(slices[i].split.split_id == was[i][0] for i in moved):
                 now = list(was)
                 for i in moved:
                     now[i] = self._entry(slices[i], last[i].split, was[i])
                 entries.append(now)
                 changed.append([now[i] for i in moved if now[i] is not was[i]])
+                new = moved
             else:
                 before = self._entries_by_id() if self._seeded else _by_id(last, was)
-                entries.append(
-                    [self._entry(s, *before.get(s.split.split_id, (None, None))) for s in slices]
-                )
+                now = [self._entry(s, *before.get(s.split.split_id, (None, None))) for s in slices]
+                entries.append(now)
                 changed.append(None)
+                new = list(range(len(slices)))
+            reads.update((id(slices[i].split), now[i][1]) for i in new if slices[i].seq == seq)
         self.since = self._entries if self._slots else None
         self._slots, self._entries, self.changed = offset.slots, entries, changed
         self._seeded, self._by_id = False, None
+        object.__setattr__(offset, "split_encodings", (self._codec.version, reads))
         return {
             "splitflow": OFFSET_FORMAT,
             "seq": offset.seq,
@@ -267,17 +277,35 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
         tail = [piece.stop, piece.seq, 1] if piece.ends else [piece.stop, piece.seq]
-        if entry is not None and piece.split is split:
-            if entry[2:] == tail:
-                return entry
-            return [entry[0], entry[1], *tail]
-        return [piece.split.split_id, self._codec.encode(piece.split), *tail]
+        if entry is None:
+            return [piece.split.split_id, self._codec.encode(piece.split), *tail]
+        if piece.split is not split:  # moved on (a batch read it): its id is the entry's
+            return [entry[0], self._codec.encode(piece.split), *tail]
+        return entry if entry[2:] == tail else [entry[0], entry[1], *tail]
 
 
 def _by_id(
     slices: Sequence[Slice[SplitT]], entries: Sequence[list[Any]]
 ) -> dict[str, tuple[SplitT, list[Any]]]:
     return {s.split.split_id: (s.split, e) for s, e in zip(slices, entries, strict=True)}
+
+
+def encode_tasks(
+    end: BatchOffset[SplitT, EnumStateT], codec: Codec[SplitT], max_records_per_task: int | None
+) -> list[tuple[int, list[tuple[Any, int]]]]:
+    """The tasks of a batch (:func:`plan_partitions`), each a slot and its slices as
+    ``(encoded split, stop)``: a split's encoding in the offset where the encoder kept it
+    (:attr:`BatchOffset.split_encodings`, of the same codec version), else made now."""
+    kept = end.split_encodings
+    known = kept[1] if kept is not None and kept[0] == codec.version else {}
+    encode = codec.encode
+    return [
+        (
+            slot,
+            [(known.get(id(s.split)) or encode(s.split), s.stop) for s in slices],
+        )
+        for slot, slices in plan_partitions(end, max_records_per_task)
+    ]
 
 
 def plan_partitions(

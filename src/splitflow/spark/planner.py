@@ -22,13 +22,14 @@ alignment, :mod:`splitflow.spark.alignment`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import itertools
 import logging
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import is_not, ne
 from typing import Any, Generic
 
@@ -155,6 +156,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._aligned: Alignment | None = None  # how the last batch was aligned
         self._pinner: ReadPinner[SplitT] | None = None  # made at the first pin
         self._pinned: set[int] = set()  # batches pinned (or resumed) in this run, not released
+        self._froze = False  # a start froze the objects of the process (_quietly)
 
     progress_splits = 50
     """At most this many splits are listed one by one in :meth:`lag` (the most lagging)."""
@@ -224,7 +226,31 @@ class Planner(Generic[SplitT, EnumStateT]):
             return offset.enumerator if offset else None
         return self._ledgers.join_ledger(offset.enumerator, ids)
 
+    @contextlib.contextmanager
+    def _quietly(self) -> Iterator[None]:
+        """A start (fresh or restored) makes O(splits) objects that live on: in a process
+        that plans batches, no collection runs while it does (at 100k splits a start set
+        off some twenty that visited every object made so far), and what exists when it
+        is done is frozen (:func:`gc.freeze`), so that no later collection visits it
+        again. A frozen object is still freed when the last reference to it goes; only a
+        reference cycle among frozen objects waits for :meth:`close` (which unfreezes)."""
+        if not _QUIET_START:
+            yield
+            return
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            gc.freeze()
+            self._froze = True
+            if enabled:
+                gc.enable()
+
     def close(self) -> None:
+        if self._froze:  # a process may plan on (another query, a test): collect it again
+            gc.unfreeze()
+            self._froze = False
         if self._coordinator is not None:
             self._coordinator.close()
             self._coordinator = None
@@ -293,11 +319,12 @@ class Planner(Generic[SplitT, EnumStateT]):
             return
         if self._coordinator is not None and self._planned_last(start):
             return  # the batch planned last: no need to decode the whole offset
-        whole = self._expand(start)
-        decoded = BatchOffset.decode(whole, self.source)
-        log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
-        self._start(decoded)
-        self._encoder.seed(decoded, whole)
+        with self._quietly():
+            whole = self._expand(start)
+            decoded = BatchOffset.decode(whole, self.source)
+            log.info("splitflow: restoring the coordinator from batch offset %d", decoded.seq)
+            self._start(decoded)
+            self._encoder.seed(decoded, whole)
 
     # -- Spark's calls ------------------------------------------------------------------------
 
@@ -311,12 +338,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         made it (as batch 0's start); a restarted run asks for it anew and starts fresh.
         """
         if not self._initial:
-            if self._coordinator is None:
-                self._start(None)
-            self._pump()
-            if self._fix_target:
-                self._fix_target_now()
-            self._snapshot(0, {})  # checkpoint 0: everything assigned, nothing read
+            with self._quietly():
+                if self._coordinator is None:
+                    self._start(None)
+                self._pump()
+                if self._fix_target:
+                    self._fix_target_now()
+                self._snapshot(0, {})  # checkpoint 0: everything assigned, nothing read
             self._initial = True
         return dict(INITIAL)
 
@@ -1042,6 +1070,14 @@ def collect_garbage_less_often() -> None:
     visits every live object (at 100k splits: 136 full collections, 28.8 s in a run of
     ``bench/planning_scale.py``; with these thresholds, 1 in 3.6 s). Called once in Spark's
     streaming runner process, which serves one source; thresholds already higher are kept.
+
+    It also makes the planners of the process start quietly (:meth:`Planner._quietly`).
     """
+    global _QUIET_START
     gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(gen0, 50_000), max(gen1, 20), max(gen2, 10))
+    _QUIET_START = True
+
+
+_QUIET_START = False
+"""Whether this process plans batches (:func:`collect_garbage_less_often` was called)."""
