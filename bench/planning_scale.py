@@ -17,8 +17,8 @@ Phases of one batch (``batch`` is their sum: the driver's planning time per batc
                         ``json.dumps(end)``
 ``reportLatestOffset``  ``Planner.lag()`` and ``json.dumps`` (Spark asks on every trigger)
 ``partitions``          ``json.loads`` of start and end, the end offset decoded,
-                        ``plan_partitions``, each task's slices and events encoded as in
-                        ``SlicePartition``, each task pickled
+                        ``encode_tasks`` (each task's slices, as ``SlicePartition`` holds
+                        them), each task's events encoded, each task pickled
 ``commit``              ``json.loads(end)``, ``Planner.commit`` (of the batch before)
 ======================  =====================================================================
 

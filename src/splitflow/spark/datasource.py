@@ -416,7 +416,7 @@ class SplitflowBatchReader(DataSourceReader):
         try:
             start = planner.initial_offset()
             end = planner.latest_offset(start, ReadAll())
-            return _partitions(source, BatchOffset.decode(end, source), self._ds.runtime)
+            return _partitions(source, planner.planned(end), self._ds.runtime)
         finally:
             planner.close()
 
