@@ -16,7 +16,7 @@ Phases of one batch (``batch`` is their sum: the driver's planning time per batc
 ``latestOffset``        ``json.loads(start)``, ``Planner.latest_offset(start, limit)``,
                         ``json.dumps(end)``
 ``reportLatestOffset``  ``Planner.lag()`` and ``json.dumps`` (Spark asks on every trigger)
-``partitions``          ``json.loads`` of start and end, the end offset decoded,
+``partitions``          ``json.loads`` of start and end, the planned end offset (``planned``),
                         ``encode_tasks`` (each task's slices, as ``SlicePartition`` holds
                         them), each task's events encoded, each task pickled
 ``commit``              ``json.loads(end)``, ``Planner.commit`` (of the batch before)

@@ -7,7 +7,7 @@ import functools
 import json
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -95,6 +95,11 @@ class Flat:
     position: int = 0
 
 
+class Pair(NamedTuple):
+    first: int
+    second: int
+
+
 @dataclass(frozen=True)
 class FlatMore(Flat):
     zone: str = "eu"
@@ -118,8 +123,9 @@ def test_dataclass_codec_encodes_every_field_however_the_split_was_made() -> Non
     cached = FlatCached("a", end=9, position=3)
     assert cached.label == "A"  # its dict now holds the cached value too
     tupled = Flat("a", (1, 2), 3)  # type: ignore[arg-type]
-    for split in (made, decoded, moved, cached, FlatMore("a", 9, 3), tupled):
-        end = [1, 2] if split is tupled else 9
+    named = Flat("a", Pair(1, 2), 3)  # type: ignore[arg-type]  # a tuple subclass: a list too
+    for split in (made, decoded, moved, cached, FlatMore("a", 9, 3), tupled, named):
+        end = [1, 2] if split in (tupled, named) else 9
         expected = {"name": "a", "end": end, "position": 3}
         encoded = codec.encode(split)
         assert encoded == expected, split

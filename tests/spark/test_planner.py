@@ -1289,12 +1289,17 @@ first = Planner(SequenceSource(catalog), 4, clock=lambda: 0.0)
 start = first.initial_offset()
 print("initial", len(started), gc.get_freeze_count() > 0)
 end = first.latest_offset(start, ReadAll())
+catalog.append("s00003", 1)
+later = first.latest_offset(end, ReadAll())
+old = weakref.ref(first.coordinator)
+first.latest_offset(end, ReadAll())  # Spark hands back an older start: the planner restores
+print("old", old() is None)  # the coordinator it replaced is freed, not frozen
 first.close()
 print("closed", gc.get_freeze_count())
 catalog.append("s00007", 2)
 started.clear()
 restored = Planner(SequenceSource(catalog), 3, clock=lambda: 0.0)
-after = restored.latest_offset(end, ReadAll())  # a restart: restores from end
+after = restored.latest_offset(later, ReadAll())  # a restart: restores from later
 print("restore", len(started), gc.get_freeze_count() > 0)
 print("reads", sum(s.records for slot in range(3) for s in restored.planned(after).reading(slot)))
 split = weakref.ref(next(iter(restored._slots[0].values())))
@@ -1320,6 +1325,7 @@ def test_a_planning_process_starts_planners_without_collections_and_freezes_what
     initial, froze = lines["initial"].split()
     assert (int(initial) == 0) == planning  # collections while it started
     assert froze == str(planning)
+    assert lines["old"] == "True"
     assert lines["closed"] == "0"
     restored, froze = lines["restore"].split()
     assert (int(restored) == 0) == planning

@@ -236,8 +236,8 @@ class DataclassCodec(Codec[T]):
             values is not None
             and len(values) == self._plain
             and type(value) is self._cls
-            and not _SEQUENCES.intersection(map(type, values.values()))
-        ):  # a plain instance's dict is its fields: a copy, when no field holds a tuple
+            and _SCALARS.issuperset(map(type, values.values()))
+        ):  # a plain instance's dict is its fields: a copy, when each is a JSON scalar
             return dict(values)
         return {name: _to_json(getattr(value, name)) for name in self._fields}
 
@@ -263,7 +263,7 @@ class DataclassCodec(Codec[T]):
         return self._cls(**data)
 
 
-_SEQUENCES = frozenset((tuple, list))
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 def _to_json(value: object) -> object:

@@ -231,9 +231,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         """A start (fresh or restored) makes O(splits) objects that live on: in a process
         that plans batches, no collection runs while it does (at 100k splits a start set
         off some twenty that visited every object made so far), and what exists when it
-        is done is frozen (:func:`gc.freeze`), so that no later collection visits it
-        again. A frozen object is still freed when the last reference to it goes; only a
-        reference cycle among frozen objects waits for :meth:`close` (which unfreezes)."""
+        is done is frozen (:func:`gc.freeze`: every object of the process), so that no
+        later collection visits it again. A frozen object is still freed when the last
+        reference to it goes; only a reference cycle among frozen objects waits for
+        :meth:`close` (which unfreezes)."""
         if not _QUIET_START:
             yield
             return
@@ -319,6 +320,9 @@ class Planner(Generic[SplitT, EnumStateT]):
             return
         if self._coordinator is not None and self._planned_last(start):
             return  # the batch planned last: no need to decode the whole offset
+        if self._coordinator is not None:  # a restore over a run: its cycles go before a freeze
+            self.close()
+            gc.collect()
         with self._quietly():
             whole = self._expand(start)
             decoded = BatchOffset.decode(whole, self.source)
