@@ -112,10 +112,19 @@ class FlatCached(Flat):
         return self.name.upper()
 
 
+class FlatOwnInit(Flat):
+    """A subclass whose own ``__init__`` sets another attribute instead of ``position`` (the
+    class default): its dict holds as many items as a plain ``Flat``'s, not its fields."""
+
+    def __init__(self, name: str, end: int, zone: str) -> None:
+        for key, value in (("name", name), ("end", end), ("zone", zone)):
+            object.__setattr__(self, key, value)
+
+
 def test_dataclass_codec_encodes_every_field_however_the_split_was_made() -> None:
     """A plain split's encoding is a copy of its instance dict (a fast path): the same as
     field by field, for splits made by the class, decoded, moved, or holding a tuple, and
-    for a subclass or a split whose dict holds more than its fields."""
+    for a subclass or a split whose dict holds more than its fields, or other items."""
     codec = DataclassCodec(Flat)
     made = Flat("a", end=9, position=3)
     decoded = codec.decode({"position": 3, "name": "a", "end": 9}, 1)
@@ -131,6 +140,7 @@ def test_dataclass_codec_encodes_every_field_however_the_split_was_made() -> Non
         assert encoded == expected, split
         encoded["position"] = 99  # the encoding is the caller's: the split does not change
         assert split.position == 3
+    assert codec.encode(FlatOwnInit("a", 9, "eu")) == {"name": "a", "end": 9, "position": 0}
 
 
 def test_dataclass_codec_is_deterministic() -> None:

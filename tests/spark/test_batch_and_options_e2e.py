@@ -263,6 +263,16 @@ def test_batch_read_reads_every_split_from_its_start_to_its_current_end_in_one_j
     assert context.statusTracker().getStageInfo(stage).numTasks == 3, "one task per slot"
 
 
+@pytest.mark.parametrize("splits", [{}, {"empty": 0}], ids=["no split", "an empty split"])
+def test_batch_read_of_nothing_is_an_empty_frame_without_tasks(
+    spark: Any, tmp_path: Path, splits: dict[str, int]
+) -> None:
+    catalog = SequenceCatalog(splits, path=str(tmp_path / "catalog.json"))
+    frame = spark.read.format(SOURCE).option("catalog", catalog.path).load()
+    assert frame.collect() == []  # Spark runs one task when a read has none: it reads nothing
+    assert frame.count() == 0
+
+
 def test_a_second_query_on_a_state_directory_in_use_fails_and_the_first_reads_on(
     tmp_path: Path, spark: Any
 ) -> None:

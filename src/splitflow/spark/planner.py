@@ -677,7 +677,7 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
-        self._note_lag(split_id, 0)
+        self._note_backlogs([(split_id, None, 0)])
         slot_id = self._slot_of.pop(split_id, None)
         if slot_id is not None:
             self._pieces[slot_id].pop(split_id, None)
@@ -708,46 +708,56 @@ class Planner(Generic[SplitT, EnumStateT]):
             backlogs.clear()
             self._lag_of.clear()
             self._slot_lag = dict.fromkeys(self._slot_lag, 0)
-        ended: dict[int, list[str]] = {}
+        slot_of, slots = self._slot_of, self._slots
+        held = []
         for sid in check:
-            slot_id = self._slot_of.get(sid)
-            extent = extents.get(sid)
-            if slot_id is None or extent is None:
+            if sid in slot_of:
+                held.append(sid)
+            else:
                 backlogs.pop(sid, None)
-                if slot_id is not None:  # a split no longer held lags no more (_forget)
-                    self._note_lag(sid, 0)
-                continue
-            if self._note_backlog(sid, extent, self._slots[slot_id][sid].position):
-                ended.setdefault(slot_id, []).append(sid)
+        ended: dict[int, list[str]] = {}
+        notes = ((sid, extents.get(sid), slots[slot_of[sid]][sid].position) for sid in held)
+        for sid in self._note_backlogs(notes):
+            ended.setdefault(slot_of[sid], []).append(sid)
         return backlogs, {slot_id: sorted(sids) for slot_id, sids in ended.items()}
 
-    def _note_backlog(self, split_id: str, extent: SplitExtent, position: int) -> bool:
-        """Keep the lag and the backlog of split ``split_id`` (held) at ``position``; whether
-        it is at its final position with nothing to read (to be finished)."""
-        latest = extent.latest
-        self._note_lag(split_id, extent.exists_to - position)
-        stop = latest if self._target is None else self._cap(split_id, extent)
-        if stop > position:
-            self._backlog_of[split_id] = stop - position
-            return False
-        self._backlog_of.pop(split_id, None)
-        return extent.final and position >= latest
+    def _note_backlogs(self, splits: Iterable[tuple[str, SplitExtent | None, int]]) -> list[str]:
+        """Keep the backlog of each held split of ``splits`` (split id, extent, position) at
+        its position, and its lag (what exists past its position, for :meth:`lag`) with its
+        slot's total: none for a split without an extent (gone, or no longer held). Returns
+        the splits at their final position with nothing to read (to be finished).
 
-    def _note_lag(self, split_id: str, lag: int) -> None:
-        """Keep what exists of split ``split_id`` (held) past its position, ``lag`` (none
-        when at most 0: it is read up to what exists, gone, or no longer held), for
-        :meth:`lag`, and its slot's total."""
-        lags = self._lag_of
-        was = lags.get(split_id, 0)
-        if lag > 0:
-            lags[split_id] = lag
-        elif was:
-            lag = 0
-            del lags[split_id]
-        else:
-            return
-        if lag != was:
-            self._slot_lag[self._slot_of[split_id]] += lag - was
+        One loop for every split a batch moves or reads: the planner's hottest."""
+        lags, slot_lag, slot_of = self._lag_of, self._slot_lag, self._slot_of
+        backlogs = self._backlog_of
+        capped = self._target is not None
+        ended = []
+        for sid, extent, position in splits:
+            if extent is None:
+                lag = 0
+            else:
+                latest, available = extent.latest, extent.available
+                lag = (latest if available is None else available) - position
+            was = lags.get(sid, 0)
+            if lag > 0:
+                lags[sid] = lag
+            else:
+                lag = 0
+                if was:
+                    del lags[sid]
+            if lag != was:
+                slot_lag[slot_of[sid]] += lag - was
+            if extent is None:
+                backlogs.pop(sid, None)
+                continue
+            stop = self._cap(sid, extent) if capped else latest
+            if stop > position:
+                backlogs[sid] = stop - position
+            else:
+                backlogs.pop(sid, None)
+                if extent.final and position >= latest:
+                    ended.append(sid)
+        return ended
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
@@ -811,26 +821,16 @@ class Planner(Generic[SplitT, EnumStateT]):
         threshold = self.backlog_lag_threshold
         if threshold is None or self.in_backlog:
             return
-        behind = {  # what exists counts, admitted or not (files waiting for admission)
-            slot_id: {
-                sid: extents[sid].exists_to
-                for sid, s in slot.items()
-                if sid in extents and extents[sid].exists_to > s.position
-            }
-            for slot_id, slot in self._slots.items()
-        }
-        lag = sum(
-            latest - self._slots[slot_id][sid].position
-            for slot_id, splits in behind.items()
-            for sid, latest in splits.items()
-        )
+        lag = sum(self._slot_lag.values())  # what exists counts, admitted or not
         if lag <= threshold:
             return
         log.info("splitflow: %d records behind (over %d): processing backlog again", lag, threshold)
-        for slot_id, splits in behind.items():
-            if splits:
-                event = BacklogStartedEvent.of(splits)
-                self._settle(self.coordinator.handle_source_event(slot_id, event))
+        behind: dict[int, dict[str, int]] = {}
+        for sid in self._lag_of:
+            behind.setdefault(self._slot_of[sid], {})[sid] = extents[sid].exists_to
+        for slot_id, splits in sorted(behind.items()):
+            event = BacklogStartedEvent.of(splits)
+            self._settle(self.coordinator.handle_source_event(slot_id, event))
 
     def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
         """Slot ``slot_id``'s splits in split id order (sorted again only after additions),
@@ -856,17 +856,17 @@ class Planner(Generic[SplitT, EnumStateT]):
         slot = self._sorted_slot(slot_id)
         pieces = self._pieces[slot_id]
         extents = self._extent_of
+        stops = []
         for sid in read:  # each read split becomes a new object
             split = slot[sid]
             stop = split.position + reads[sid]
             pieces[sid] = Slice(split, stop, seq)
             slot[sid] = with_position(split, stop)
-            extent = extents.get(sid)
-            if extent is None:  # not expected (a split is read by its extent): lags no more
-                self._note_lag(sid, 0)
-                self._changed.add(sid)
-            elif self._note_backlog(sid, extent, stop):
-                self._changed.add(sid)  # not expected (ended splits are finished): a check
+            stops.append((sid, extents.get(sid), stop))
+        # Not expected, checked at the next planning: a split read without an extent (it is
+        # read by its extent), or at its end (ended splits are finished).
+        self._changed.update(self._note_backlogs(stops))
+        self._changed.update(sid for sid, extent, _ in stops if extent is None)
         self._read.update(read)
         return tuple(pieces.values()), tuple(map(pieces.__getitem__, read))
 
