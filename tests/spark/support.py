@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.statedir import StateStore
@@ -245,6 +245,38 @@ def owner_loads(splits: Mapping[str, Mapping[str, Any]], parallelism: int) -> li
 
 
 # -- a driver in its own process, to be killed -----------------------------------------------
+
+
+class Killable(Protocol):
+    """A job in a process group of its own (``start_new_session``)."""
+
+    process: subprocess.Popen[Any]
+
+    def kill(self) -> None:
+        """SIGKILL its process group."""
+
+
+def kill_before_commit(
+    job: Killable,
+    what: str,
+    find: Callable[[], int | None],
+    checkpoint: Path,
+    timeout: float,
+    step: float = 0.05,
+) -> int:
+    """Kill ``job`` while the batch that ``find`` returns (once it returns one; an
+    uncommitted one when it looks) is not committed; returns that batch. Spark may commit
+    it between ``find`` and the kill, so the job's processes are stopped (SIGSTOP) first
+    and killed only while the batch is still not in the commits log; else they go on
+    until ``find`` finds another."""
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = wait_until(what, find, max(0.0, deadline - time.monotonic()), step)
+        os.killpg(job.process.pid, signal.SIGSTOP)
+        if batch not in log_ids(checkpoint, "commits"):
+            job.kill()
+            return batch
+        os.killpg(job.process.pid, signal.SIGCONT)
 
 
 class Job:

@@ -36,7 +36,14 @@ from tests.spark.cdc_jobs import (
 )
 from tests.spark.cluster import StandaloneCluster, standalone_cluster
 from tests.spark.jobs import ForeachBatchSink
-from tests.spark.support import Job, log_ids, log_position, logged_offset, wait_until
+from tests.spark.support import (
+    Job,
+    kill_before_commit,
+    log_ids,
+    log_position,
+    logged_offset,
+    wait_until,
+)
 from tests.support.cdc import (
     Writer,
     batch_folders,
@@ -168,9 +175,14 @@ def test_a_driver_killed_between_two_reads_of_a_snapshot_batch_resumes_exactly_o
     try:
         run1 = Job(args, tmp_path / "jobs.log")
         jobs.append(run1)
-        killed = wait_until("a batch written, not committed", written_not_committed, 150, 0.005)
-        run1.kill()
-        assert killed not in log_ids(checkpoint, "commits")
+        killed = kill_before_commit(
+            run1,
+            "a batch written, not committed",
+            written_not_committed,
+            checkpoint,
+            150,
+            step=0.005,
+        )
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)
         finish(tmp_path, run2, writer, postgres_log(postgres, table))

@@ -32,7 +32,14 @@ from tests.spark.cdc_jobs import (
     postgres_log,
     run_until_killed_after,
 )
-from tests.spark.support import Job, batches_reading_nothing, log_ids, logged_offset, wait_until
+from tests.spark.support import (
+    Job,
+    batches_reading_nothing,
+    kill_before_commit,
+    log_ids,
+    logged_offset,
+    wait_until,
+)
 from tests.support.cdc import MariaWriter, Writer, replay, sink_in_batch_order
 
 pytestmark = [
@@ -230,9 +237,9 @@ def test_driver_sigkill_with_concurrent_writes_is_exactly_once(
     try:
         run1 = Job(args(2), tmp_path / "jobs.log")
         jobs.append(run1)
-        killed = wait_until(f"a batch to kill {kill_at}", planned_not_committed, 240, step=0.01)
-        run1.kill()
-        assert killed not in log_ids(checkpoint, "commits")
+        killed = kill_before_commit(
+            run1, f"a batch to kill {kill_at}", planned_not_committed, checkpoint, 240, step=0.01
+        )
         run2 = Job(args(parallelism_after), tmp_path / "jobs.log")
         jobs.append(run2)
         log_end = functools.partial(db.log_end, table)

@@ -26,6 +26,7 @@ from tests.spark.support import (
     assert_exactly_once,
     batches_reading_nothing,
     driver_session,
+    kill_before_commit,
     log_ids,
     logged_offset,
     spark_env,
@@ -160,14 +161,14 @@ def kill_in_flight(job: Job, checkpoint: Path, run: int) -> None:
         lambda: job.alive() and len(log_ids(checkpoint, "commits")) > committed,
         180,
     )
-    killed = wait_until(
+    kill_before_commit(
+        job,
         f"run {run} to have a batch in flight",
-        lambda: job.alive() and uncommitted_offset(checkpoint),
+        lambda: uncommitted_offset(checkpoint) if job.alive() else None,
+        checkpoint,
         60,
         step=0.01,
     )
-    job.kill()
-    assert killed not in log_ids(checkpoint, "commits")
 
 
 @pytest.mark.slow

@@ -300,7 +300,7 @@ def test_driver_sigkill_while_producing_is_exactly_once(
     """SIGKILL the driver (its whole process group) with a batch planned but not committed,
     while records keep arriving; the restarted driver replays that batch from its offset and
     reads on. The sink holds every produced record exactly once."""
-    from tests.spark.support import Job, log_ids
+    from tests.spark.support import Job, kill_before_commit, log_ids
 
     topics = Topics(tansu)
     topic = topics.create("live", 3)
@@ -335,9 +335,9 @@ def test_driver_sigkill_while_producing_is_exactly_once(
             pending = set(log_ids(checkpoint, "offsets")) - set(log_ids(checkpoint, "commits"))
             return min(pending, default=None)
 
-        killed = wait_until("a planned, uncommitted batch", planned_not_committed, 60, step=0.01)
-        run1.kill()
-        assert killed not in log_ids(checkpoint, "commits")
+        killed = kill_before_commit(
+            run1, "a planned, uncommitted batch", planned_not_committed, checkpoint, 60, step=0.01
+        )
 
         run2 = Job(args, tmp_path / "jobs.log")
         jobs.append(run2)

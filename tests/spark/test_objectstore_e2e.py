@@ -18,6 +18,7 @@ from tests.spark.support import (
     FAULTY,
     Job,
     assert_exactly_once,
+    kill_before_commit,
     log_ids,
     sink_rows,
     start_stream,
@@ -120,9 +121,9 @@ def test_a_driver_sigkill_mid_batch_with_state_on_the_store_is_exactly_once(
             started = {t["batch"] for t in read_task_log(tasks) if t["outcome"] == "started"}
             return min(in_flight & started, default=None)
 
-        killed = wait_until("a batch whose tasks are reading", reading, 60, step=0.02)
-        run1.kill()
-        assert killed not in log_ids(checkpoint, "commits")
+        killed = kill_before_commit(
+            run1, "a batch whose tasks are reading", reading, checkpoint, 60, step=0.02
+        )
         run2 = jobs(*args)
         wait_until("run 2 to complete a batch", lambda: run2.check_alive() and run2.batches(), 120)
     finally:

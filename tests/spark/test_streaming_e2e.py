@@ -22,6 +22,7 @@ from tests.spark.support import (
     caught_up,
     data_batches,
     end_offset,
+    kill_before_commit,
     log_ids,
     owner_loads,
     reported_splits,
@@ -113,9 +114,9 @@ def test_hard_kill_of_the_driver_mid_batch_then_restart_is_exactly_once(
             started = {t["batch"] for t in read_task_log(tasks) if t["outcome"] == "started"}
             return min(in_flight & started, default=None)
 
-        killed1 = wait_until("a batch whose tasks are reading", reading, 60, step=0.02)
-        run1.kill()
-        assert killed1 not in log_ids(checkpoint, "commits")
+        killed1 = kill_before_commit(
+            run1, "a batch whose tasks are reading", reading, checkpoint, 60, step=0.02
+        )
 
         # Run 2: kill as soon as a new offset is written (the batch replayed first).
         offsets_before = max(log_ids(checkpoint, "offsets"))
@@ -127,13 +128,14 @@ def test_hard_kill_of_the_driver_mid_batch_then_restart_is_exactly_once(
 
         def new_offset() -> int | None:
             run2.check_alive()
+            committed = set(log_ids(checkpoint, "commits"))
             newer = [b for b in log_ids(checkpoint, "offsets") if b > offsets_before]
-            return newer[0] if newer else None
+            return min(set(newer) - committed, default=None)
 
-        killed2 = wait_until("run 2 to write a new offset", new_offset, 120, step=0.01)
-        run2.kill()
+        killed2 = kill_before_commit(
+            run2, "run 2 to write a new offset", new_offset, checkpoint, 120, step=0.01
+        )
         assert killed1 in log_ids(checkpoint, "commits"), "run 2 ran the batch killed in run 1"
-        assert killed2 not in log_ids(checkpoint, "commits")
 
         # Run 3: the producer stops; the job stops once it has read everything.
         run3 = jobs(*args)
