@@ -132,9 +132,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         # seen at the last planning, and the backlogs then: a planning recomputes only the
         # splits whose extent (_moved: None, every split) or boundary changed since and
         # those _changed (rewound or assigned since its checks). A split a batch reads gets
-        # its lag and backlog when it is read (it is then only _read, for the boundaries).
+        # its lag and backlog when it is read, and is _reached when it is read up to the
+        # boundary seen then (the boundary is checked at the next planning).
         self._changed: set[str] = set()
-        self._read: set[str] = set()
+        self._reached: set[str] = set()
         self._extent_of: dict[str, SplitExtent] = {}
         self._moved: set[str] | None = None
         self._token: object | None = None  # of the enumerator's changed_positions
@@ -172,7 +173,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._pieces = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of = {}
-        self._changed, self._read = set(), set()
+        self._changed, self._reached = set(), set()
         self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
         self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
         self._slot_lag = dict.fromkeys(range(self.parallelism), 0)
@@ -387,7 +388,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             backlogs, ended = self._backlogs(extents)
         self._latest_extents = extents
         self._track_backlog(extents)
-        self._changed, self._read = set(), set()  # checked: from here on, what changes
+        self._changed, self._reached = set(), set()  # checked: from here on, what changes
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
@@ -809,7 +810,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         check: Iterable[str] = boundaries
         changed = _changed_keys(seen, boundaries, ne)
         if changed is not None:  # a split reaches its boundary as it moves, or anew
-            check = changed | ((self._changed | self._read) & boundaries.keys())
+            check = changed | ((self._changed | self._reached) & boundaries.keys())
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
@@ -867,7 +868,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         # read by its extent), or at its end (ended splits are finished).
         self._changed.update(self._note_backlogs(stops))
         self._changed.update(sid for sid, extent, _ in stops if extent is None)
-        self._read.update(read)
+        if seen := self._boundaries_seen:  # a boundary that changes is checked anyway
+            self._reached.update(sid for sid, _, stop in stops if stop >= seen.get(sid, stop + 1))
         return tuple(pieces.values()), tuple(map(pieces.__getitem__, read))
 
     def _snapshot(
