@@ -270,13 +270,29 @@ def kill_before_commit(
     and killed only while the batch is still not in the commits log; else they go on
     until ``find`` finds another."""
     deadline = time.monotonic() + timeout
+    group = job.process.pid
     while True:
         batch = wait_until(what, find, max(0.0, deadline - time.monotonic()), step)
-        os.killpg(job.process.pid, signal.SIGSTOP)
+        os.killpg(group, signal.SIGSTOP)
+        wait_until(f"process group {group} to stop", lambda: _stopped(group), 30, 0.005)
         if batch not in log_ids(checkpoint, "commits"):
             job.kill()
+            assert batch not in log_ids(checkpoint, "commits")
             return batch
-        os.killpg(job.process.pid, signal.SIGCONT)
+        os.killpg(group, signal.SIGCONT)
+
+
+def _stopped(group: int) -> bool:
+    """Whether every thread of process group ``group`` is stopped (a thread in a system call,
+    say the rename that commits a batch, stops when the call returns)."""
+    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(pgrp) == group and state not in "tTZX":
+            return False
+    return True
 
 
 class Job:

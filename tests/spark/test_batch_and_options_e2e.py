@@ -264,7 +264,7 @@ def test_batch_read_reads_every_split_from_its_start_to_its_current_end_in_one_j
 
 
 @pytest.mark.parametrize("splits", [{}, {"empty": 0}], ids=["no split", "an empty split"])
-def test_batch_read_of_nothing_is_an_empty_frame_without_tasks(
+def test_batch_read_of_nothing_is_an_empty_frame(
     spark: Any, tmp_path: Path, splits: dict[str, int]
 ) -> None:
     catalog = SequenceCatalog(splits, path=str(tmp_path / "catalog.json"))

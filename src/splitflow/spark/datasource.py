@@ -421,8 +421,9 @@ class SplitflowBatchReader(DataSourceReader):
             planner.close()
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, SlicePartition):  # Spark's one task when there is none
+        if partition.value is None:  # Spark's one task when partitions() gave none
             return iter(())
+        assert isinstance(partition, SlicePartition)
         return read_partition(self._ds, partition)
 
 
