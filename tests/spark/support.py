@@ -273,8 +273,7 @@ def kill_before_commit(
     group = job.process.pid
     while True:
         batch = wait_until(what, find, max(0.0, deadline - time.monotonic()), step)
-        os.killpg(group, signal.SIGSTOP)
-        wait_until(f"process group {group} to stop", lambda: _stopped(group), 30, 0.005)
+        _stop(group)
         if batch not in log_ids(checkpoint, "commits"):
             job.kill()
             assert batch not in log_ids(checkpoint, "commits")
@@ -282,17 +281,38 @@ def kill_before_commit(
         os.killpg(group, signal.SIGCONT)
 
 
-def _stopped(group: int) -> bool:
-    """Whether every thread of process group ``group`` is stopped (a thread in a system call,
-    say the rename that commits a batch, stops when the call returns)."""
+def _stop(group: int, timeout: float = 2.0) -> None:
+    """Stop every thread of process group ``group`` (SIGSTOP). The signal is sent again
+    until they are: a thread in a system call (the rename that commits a batch, say)
+    stops when the call returns, and a process forked as the signal went out misses it.
+    A thread that stays in an uninterruptible wait (``D``: the JVM's thread that started a
+    process with ``vfork`` waits for its child, which stopped before it could ``exec``) is
+    let be after ``timeout`` seconds; anything else still running then fails."""
+    deadline = time.monotonic() + timeout
+    while running := _running(group):
+        if time.monotonic() > deadline:
+            if all(thread.endswith(" D") for thread in running):
+                return
+            raise AssertionError(f"process group {group} did not stop: {running[:10]}")
+        os.killpg(group, signal.SIGSTOP)
+        time.sleep(0.005)
+
+
+def _running(group: int) -> list[str]:
+    """The threads of process group ``group`` that are not stopped (``pid/tid (name) state``;
+    a zombie counts as stopped)."""
+    running = []
     for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
         try:
-            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError):
+            text = stat.read_text()
+        except OSError:
             continue  # ended meanwhile
+        head, rest = text.rsplit(")", 1)
+        state, _, pgrp = rest.split()[:3]
         if int(pgrp) == group and state not in "tTZX":
-            return False
-    return True
+            pid, tid, name = stat.parents[2].name, stat.parent.name, head.split("(", 1)[1]
+            running.append(f"{pid}/{tid} ({name}) {state}")
+    return running
 
 
 class Job:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.spark.support import _stopped, kill_before_commit, wait_until
+from tests.spark.support import _running, kill_before_commit, wait_until
 
 SLEEPER = "import threading, time\n" + "threading.Thread(target=time.sleep, args=(60,)).start()\n"
 
@@ -65,7 +65,7 @@ def test_a_batch_committed_before_the_stop_lets_the_job_go_on_until_another(
         if looks == 1:  # the first look finds batch 1, committed right after
             commit(tmp_path, 1)
             return 1
-        wait_until("the job to go on", lambda: not _stopped(job.process.pid), 5, 0.005)
+        wait_until("the job to go on", lambda: _running(job.process.pid), 5, 0.005)
         assert not job.killed
         return 2
 
