@@ -682,7 +682,6 @@ class Planner(Generic[SplitT, EnumStateT]):
         slot_id = self._slot_of.pop(split_id, None)
         if slot_id is not None:
             self._pieces[slot_id].pop(split_id, None)
-        self._backlog_of.pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
 
