@@ -165,13 +165,25 @@ def _env(socket_path: str | None, **extra: str) -> dict[str, str]:
 
 
 def start_runner(
-    jvm: FakeJvm, socket_path: str | None, python: str = sys.executable
+    jvm: FakeJvm, socket_path: str | None, python: str = sys.executable, ignore: int = 0
 ) -> subprocess.Popen[bytes]:
-    """A runner started as Spark starts one, by ``python`` (Spark's ``pythonExec``)."""
+    """A runner started as Spark starts one, by ``python`` (Spark's ``pythonExec``), with
+    signal ``ignore`` ignored (as the JVM that pyspark launches ignores SIGINT)."""
     env = _env(socket_path, PYTHON_WORKER_FACTORY_PORT=str(jvm.port))
     return subprocess.Popen(
-        [python, "-m", RUNNER], env=env, stderr=subprocess.PIPE, cwd=os.getcwd()
+        [python, "-m", RUNNER],
+        env=env,
+        stderr=subprocess.PIPE,
+        cwd=os.getcwd(),
+        preexec_fn=(lambda: signal.signal(ignore, signal.SIG_IGN)) if ignore else None,
     )
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` ignores signal ``sig`` (its ``SigIgn`` mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (mask,) = [line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")]
+    return bool(int(mask, 16) >> (sig - 1) & 1)
 
 
 class Daemon:
@@ -387,6 +399,29 @@ def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
     stand_in.communicate(timeout=30)
     assert _gone(pid)
     assert stand_in.returncode == -signal.SIGTERM  # as a cold runner's would be
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_runner_ignores_a_signal_the_process_spark_started_ignores(
+    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals
+) -> None:
+    """pyspark launches the JVM with SIGINT ignored, and the processes the JVM starts inherit
+    that (``nohup`` does the same with SIGHUP): a Ctrl-C in the driver's terminal is the
+    driver's to handle. A runner forked warm ignores it too, and its stand-in passes none on;
+    else a Ctrl-C to the driver's process group killed the runner under a running query."""
+    stand_in = start_runner(jvm, warm.socket_path, ignore=sig)
+    pid = jvm.runner_pid()
+    assert _ignores(stand_in.pid, sig)
+    assert _ignores(pid, sig), "the runner forked warm does not ignore it"
+    assert not _ignores(pid, signal.SIGTERM)  # Spark stops it with that
+    stand_in.send_signal(sig)
+    os.kill(pid, sig)  # the driver's process group gets it: so does the runner
+    time.sleep(0.5)
+    assert stand_in.poll() is None
+    assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # alive
+    stand_in.send_signal(signal.SIGTERM)
+    stand_in.communicate(timeout=30)
+    assert _gone(pid)
 
 
 def test_without_a_python_to_start_it_there_is_no_warm_process(

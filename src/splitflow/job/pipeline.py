@@ -79,22 +79,42 @@ def spark_environment() -> None:
 
 
 def start_session() -> Any:
-    """A local Spark session for the job (2 cores, quiet, 2 shuffle partitions)."""
+    """A local Spark session for the job (2 cores, quiet, 2 shuffle partitions); once per
+    process.
+
+    Spark's JVM and splitflow's warm process (which forks the streaming source runners)
+    run in sessions of their own: a signal to the job's process group (Ctrl-C in a
+    terminal, ``timeout``, a service manager's SIGTERM) is the job's to handle, and the job
+    then stops its query between batches and Spark in order. pyspark's own launch keeps
+    only SIGINT from the JVM; a SIGTERM to the group killed it, and the runner, under the
+    running query. Both still end with the job: when it stops the session, or when their
+    stdin (a pipe from the job) closes.
+    """
     spark_environment()
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     from splitflow.spark import session
+    from splitflow.spark.warmstart import starting_spark
 
-    spark = session(
-        SparkSession.builder.master("local[2]")
-        .appName("splitflow-main-job")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.noDataProgressEventInterval", "1000")
+    conf = SparkConf().setAll(
+        [
+            ("spark.master", "local[2]"),
+            ("spark.app.name", "splitflow-main-job"),
+            ("spark.ui.enabled", "false"),
+            ("spark.ui.showConsoleProgress", "false"),
+            ("spark.sql.shuffle.partitions", "2"),
+            ("spark.driver.host", "127.0.0.1"),
+            ("spark.sql.session.timeZone", "UTC"),
+            ("spark.sql.streaming.noDataProgressEventInterval", "1000"),
+            ("spark.python.unix.domain.socket.enabled", "true"),  # as session() sets it
+        ]
     )
+    with starting_spark(detached=True):  # the JVM hands its Python processes over warm
+        gateway = launch_gateway(conf, {"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext(conf=conf, gateway=gateway)
+    spark = session(SparkSession.builder.config(conf=conf))
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

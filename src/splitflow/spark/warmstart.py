@@ -113,11 +113,12 @@ class WarmStart:
         self.started = time.monotonic()
 
     @classmethod
-    def start(cls) -> WarmStart | None:
+    def start(cls, detached: bool = False) -> WarmStart | None:
         """The driver's warm process, started on the first call, and again in the same
         directory when it ended, stopped serving or did not get ready in
         :data:`_READY_WITHIN` seconds, so that the data sources registered with the one
-        before find it (None: turned off or not supported here)."""
+        before find it (None: turned off or not supported here); ``detached``: one started
+        now runs in a session of its own (see :meth:`launch`)."""
         current = cls._current
         if current is not None:
             alive = current.process.poll() is None
@@ -143,7 +144,7 @@ class WarmStart:
         directory = ""
         try:
             directory = _private_directory(current.directory if current else None)
-            cls._current = cls.launch(directory)
+            cls._current = cls.launch(directory, detached)
         except OSError as exc:  # no writable temporary directory, no interpreter to run
             log.warning("splitflow: streaming source runners start cold (no warm start): %s", exc)
             if directory:
@@ -153,8 +154,11 @@ class WarmStart:
         return cls._current
 
     @classmethod
-    def launch(cls, directory: str) -> WarmStart:
-        """A warm process serving on a socket in ``directory`` (private to this user)."""
+    def launch(cls, directory: str, detached: bool = False) -> WarmStart:
+        """A warm process serving on a socket in ``directory`` (private to this user); in the
+        driver's process group, as the JVM that pyspark launches is, so that a signal to
+        the group reaches the processes it forks as it reaches those the JVM starts cold;
+        ``detached``: in a session of its own, for a JVM launched in one."""
         with suppress(FileNotFoundError):  # one that ended left it: nobody answers there
             os.unlink(os.path.join(directory, _SOCKET))
         said = tempfile.TemporaryFile(prefix=_PREFIX)  # noqa: SIM115 (kept: read later)
@@ -164,6 +168,7 @@ class WarmStart:
             stdin=subprocess.PIPE,  # its end of the pipe closes when the driver exits
             stdout=said,
             close_fds=True,
+            start_new_session=detached,
         )
         with suppress(OSError):  # gone already: the processes it would serve start cold
             Path(directory, PID_FILE).write_text(str(process.pid))
@@ -274,15 +279,16 @@ def registering(spark: Any) -> Iterator[None]:
 
 
 @contextmanager
-def starting_spark() -> Iterator[None]:
+def starting_spark(detached: bool = False) -> Iterator[None]:
     """Spark started in this block hands every runner and worker daemon it starts on this
     machine to the warm process (started now if it is not running), for any Python code:
     the variables are in the driver's environment (which the JVM that pyspark launches
     inherits, and every process it starts) during the block, and back as they were after
     it. That includes the daemon Spark starts at the first use of a Python data source to
     look up installed ones, whose environment is the JVM's own. Other threads of the driver
-    that start processes in the block hand them over too."""
-    warm = WarmStart.start()
+    that start processes in the block hand them over too. ``detached``: for a JVM launched
+    in a session of its own, a warm process started now runs in one too."""
+    warm = WarmStart.start(detached)
     if warm is None:
         yield
         return
@@ -545,9 +551,11 @@ def _become(request: dict[str, Any], fds: list[int], archives: dict[str, _Archiv
 
     faulthandler.unregister(signal.SIGUSR1)
     faulthandler.disable()  # as in a process started cold
+    ignored = request.get("ignored", ())  # by the stand-in, as Spark started it
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+    interrupt = signal.SIG_IGN if signal.SIGINT in ignored else signal.default_int_handler
+    signal.signal(signal.SIGINT, interrupt)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

@@ -63,6 +63,9 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "path": [os.getcwd(), *sys.path],
+            # Spark's own launch of the JVM ignores SIGINT, and so do the processes it
+            # starts (a terminal's Ctrl-C is the driver's), nohup SIGHUP: the same here
+            "ignored": [s for s in PASSED_ON if signal.getsignal(s) == signal.SIG_IGN],
         }
         body = marshal.dumps(request)
         streams = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))
@@ -108,7 +111,8 @@ def _stand_in(pid: int, connection: _socket.socket) -> int:
             os.kill(pid, signum)  # Spark stopping this process: stop the real one
 
     for sig in PASSED_ON:
-        signal.signal(sig, forward)
+        if signal.getsignal(sig) != signal.SIG_IGN:  # ignored, it stays so: as in the child
+            signal.signal(sig, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # any sent meanwhile: passed on now
     line = _line(connection)
     if not line:  # the warm process went away: the process is nobody's child to wait for
