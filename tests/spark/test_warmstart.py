@@ -168,15 +168,15 @@ def start_runner(
     jvm: FakeJvm, socket_path: str | None, python: str = sys.executable, ignore: int = 0
 ) -> subprocess.Popen[bytes]:
     """A runner started as Spark starts one, by ``python`` (Spark's ``pythonExec``), with
-    signal ``ignore`` ignored (as the JVM that pyspark launches ignores SIGINT)."""
+    signal ``ignore`` ignored (as the JVM that pyspark launches ignores SIGINT): set by a
+    shell that then becomes the runner, not by Python code run after a fork of this
+    process, which has threads."""
     env = _env(socket_path, PYTHON_WORKER_FACTORY_PORT=str(jvm.port))
-    return subprocess.Popen(
-        [python, "-m", RUNNER],
-        env=env,
-        stderr=subprocess.PIPE,
-        cwd=os.getcwd(),
-        preexec_fn=(lambda: signal.signal(ignore, signal.SIG_IGN)) if ignore else None,
-    )
+    command = [python, "-m", RUNNER]
+    if ignore:
+        name = signal.Signals(ignore).name.removeprefix("SIG")
+        command = ["sh", "-c", f"trap '' {name}; exec \"$@\"", "sh", *command]
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, cwd=os.getcwd())
 
 
 def _ignores(pid: int, sig: int) -> bool:
@@ -418,6 +418,7 @@ def test_a_runner_ignores_a_signal_the_process_spark_started_ignores(
     os.kill(pid, sig)  # the driver's process group gets it: so does the runner
     time.sleep(0.5)
     assert stand_in.poll() is None
+    assert _ignores(stand_in.pid, sig), "the stand-in took it up to pass it on"
     assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # alive
     stand_in.send_signal(signal.SIGTERM)
     stand_in.communicate(timeout=30)

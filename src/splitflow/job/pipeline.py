@@ -84,11 +84,10 @@ def start_session() -> Any:
 
     Spark's JVM and splitflow's warm process (which forks the streaming source runners)
     run in sessions of their own: a signal to the job's process group (Ctrl-C in a
-    terminal, ``timeout``, a service manager's SIGTERM) is the job's to handle, and the job
-    then stops its query between batches and Spark in order. pyspark's own launch keeps
-    only SIGINT from the JVM; a SIGTERM to the group killed it, and the runner, under the
-    running query. Both still end with the job: when it stops the session, or when their
-    stdin (a pipe from the job) closes.
+    terminal, ``timeout``) is the job's to handle, and the job then stops its query
+    between batches and Spark in order. pyspark's own launch keeps only SIGINT from the
+    JVM; a SIGTERM to the group killed it, and the runner, under the running query. Both
+    still end with the job: when it exits, their stdin (a pipe from it) closes.
     """
     spark_environment()
     from pyspark import SparkConf, SparkContext

@@ -101,6 +101,7 @@ class WarmStart:
     """The driver's warm process (started by :meth:`start`, stopped with the driver)."""
 
     _current: WarmStart | None = None
+    _detached = False  # asked for once: a replacement runs in a session of its own too
 
     def __init__(
         self, process: subprocess.Popen[bytes], directory: str, said: IO[bytes] | None = None
@@ -118,7 +119,8 @@ class WarmStart:
         directory when it ended, stopped serving or did not get ready in
         :data:`_READY_WITHIN` seconds, so that the data sources registered with the one
         before find it (None: turned off or not supported here); ``detached``: one started
-        now runs in a session of its own (see :meth:`launch`)."""
+        from now on runs in a session of its own (see :meth:`launch`)."""
+        cls._detached = cls._detached or detached
         current = cls._current
         if current is not None:
             alive = current.process.poll() is None
@@ -144,7 +146,7 @@ class WarmStart:
         directory = ""
         try:
             directory = _private_directory(current.directory if current else None)
-            cls._current = cls.launch(directory, detached)
+            cls._current = cls.launch(directory, cls._detached)
         except OSError as exc:  # no writable temporary directory, no interpreter to run
             log.warning("splitflow: streaming source runners start cold (no warm start): %s", exc)
             if directory:
@@ -287,7 +289,7 @@ def starting_spark(detached: bool = False) -> Iterator[None]:
     it. That includes the daemon Spark starts at the first use of a Python data source to
     look up installed ones, whose environment is the JVM's own. Other threads of the driver
     that start processes in the block hand them over too. ``detached``: for a JVM launched
-    in a session of its own, a warm process started now runs in one too."""
+    in a session of its own, a warm process started from now on runs in one too."""
     warm = WarmStart.start(detached)
     if warm is None:
         yield
