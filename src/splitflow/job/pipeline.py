@@ -94,7 +94,7 @@ def start_session() -> Any:
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    from splitflow.spark import session
+    from splitflow.spark import _UNIX_SOCKETS, session
     from splitflow.spark.warmstart import starting_spark
 
     conf = SparkConf().setAll(
@@ -107,7 +107,7 @@ def start_session() -> Any:
             ("spark.driver.host", "127.0.0.1"),
             ("spark.sql.session.timeZone", "UTC"),
             ("spark.sql.streaming.noDataProgressEventInterval", "1000"),
-            ("spark.python.unix.domain.socket.enabled", "true"),  # as session() sets it
+            (_UNIX_SOCKETS, "true"),  # what session() would set: read as the JVM starts
         ]
     )
     with starting_spark(detached=True):  # the JVM hands its Python processes over warm

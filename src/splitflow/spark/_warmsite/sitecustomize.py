@@ -63,8 +63,9 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "path": [os.getcwd(), *sys.path],
-            # Spark's own launch of the JVM ignores SIGINT, and so do the processes it
-            # starts (a terminal's Ctrl-C is the driver's), nohup SIGHUP: the same here
+            # pyspark launches the JVM with SIGINT ignored (a terminal's Ctrl-C is the
+            # driver's), nohup ignores SIGHUP; the processes it starts inherit that: the
+            # process forked for this one ignores the same
             "ignored": [s for s in PASSED_ON if signal.getsignal(s) == signal.SIG_IGN],
         }
         body = marshal.dumps(request)
