@@ -17,14 +17,16 @@ import math
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
+from splitflow.api.enumerator import SplitExtent
 from splitflow.api.events import SplitsFinishedEvent
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.limits import (
@@ -289,13 +291,59 @@ def test_the_largest_backlogs_are_chosen_by_value_then_by_split_id(
     values: dict[str, int], count: int
 ) -> None:
     expected = sorted(values, key=lambda key: (-values[key], key))[: max(count, 0)]
-    assert sorted(largest(count, values)) == sorted(expected)
+    ids = np.array(list(values), dtype=object)
+    chosen = ids[largest(count, np.array(list(values.values()), dtype=np.int64), ids)]
+    assert sorted(chosen.tolist()) == sorted(expected)
 
 
 def test_share_records_stays_exact_for_budgets_beyond_float_precision() -> None:
     budget = 26_053_720_804_375_121
     shares = share_records({"a": 1, "b": 718_834_393_590_046_398}, budget)
     assert shares == {"a": 1, "b": budget - 1}
+
+
+FAR = 2**64  # where the far source's splits start: a log position past 64 bits
+
+
+class _FarEnumerator(SequenceEnumerator):
+    """The sequence enumerator with every position moved on by :data:`FAR`."""
+
+    def discover_splits(self) -> Sequence[SequenceSplit]:
+        return [SequenceSplit(s.name, s.end, FAR) for s in super().discover_splits()]
+
+    def latest_positions(self, splits: Sequence[SequenceSplit]) -> Mapping[str, SplitExtent]:
+        return {
+            sid: SplitExtent(FAR + extent.latest, extent.final)
+            for sid, extent in super().latest_positions(splits).items()
+        }
+
+    def changed_positions(self, since: object | None) -> None:
+        return None
+
+
+class _FarSource(SequenceSource):
+    def create_enumerator(self, context: Any) -> Any:
+        return _FarEnumerator(self, context, None)
+
+    def restore_enumerator(self, context: Any, state: Any) -> Any:
+        return _FarEnumerator(self, context, state)
+
+
+def test_positions_past_64_bits_are_planned_exactly_across_a_restart(clock: FakeClock) -> None:
+    catalog = SequenceCatalog({"a": 30, "b": 5, "c": 12})
+    source = _FarSource(catalog, discovery_interval=DISCOVERY)
+    query = Query(Planner(source, 2, clock=clock))
+    for _ in range(3):
+        query.batch(MaxRecords(7))
+    assert len(query.read) == 21
+    assert query.planner.lag()["totalLag"] == 47 - 21
+    restarted = Query(Planner(_FarSource(catalog, discovery_interval=DISCOVERY), 3, clock=clock))
+    restarted.offset = query.offset
+    restarted.read = list(query.read)
+    restarted.drain(MaxRecords(7))
+    expected = [(name, FAR + i) for name, n in catalog.lengths().items() for i in range(n)]
+    assert_exactly_once(restarted.read, expected)
+    assert restarted.planner.lag()["totalLag"] == 0
 
 
 # -- plan_partitions ------------------------------------------------------------------------------
@@ -1186,10 +1234,17 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
         for planner in (query.planner for query in queries):  # keeps nothing of other splits
             assert planner._extent_of.keys() <= planner._slot_of.keys()
             assert planner._unknown <= planner._slot_of.keys()
-            totals: Counter[int] = Counter()  # each slot's lag, kept as splits move
-            for sid, lag in planner._lag_of.items():
-                totals[planner._slot_of[sid]] += lag
-            assert {slot: lag for slot, lag in planner._slot_lag.items() if lag} == totals
+            table = planner._table  # positions and extents, kept as splits move
+            assert table.row_of.keys() == planner._slot_of.keys()
+            totals: Counter[int] = Counter()
+            for sid, row in table.row_of.items():
+                slot = planner._slot_of[sid]
+                position = planner._slots[slot][sid].position
+                assert (table.slot[row], table.position[row]) == (slot, position)
+                if (extent := planner._extent_of.get(sid)) is not None:
+                    totals[slot] += max(0, extent.exists_to - position)
+            lags = table.slot_lags(table.lags(), planner.parallelism)
+            assert {slot: lag for slot, lag in enumerate(lags) if lag} == +totals
     for clock, query in zip(clocks, queries, strict=True):
         clock.advance(DISCOVERY)
         query.drain()

@@ -13,7 +13,7 @@ from typing import Generic
 from splitflow.api.enumerator import SplitExtent
 from splitflow.api.split import SplitT, with_position
 from splitflow.spark.eventtime import EventTimeSettings
-from splitflow.spark.limits import MaxBytes, MaxRecords, ReadAll, reads_under
+from splitflow.spark.limits import Backlogs, MaxBytes, MaxRecords, ReadAll, reads_under
 
 
 class Aligner(Generic[SplitT]):
@@ -132,7 +132,7 @@ class Aligner(Generic[SplitT]):
         bound: int | None = None
         caps: dict[str, int] = {}
         for _ in range(self.rounds):
-            reads = reads_under(limit, capped(backlogs, caps, positions), extents)
+            reads = reads_under(limit, Backlogs.of(capped(backlogs, caps, positions)), extents)
             floor = self._floor(held, waiting, current, extents, to_read, reads)
             if floor is None or (bound is not None and bound <= floor + max_drift):
                 return aligned(bound, caps)

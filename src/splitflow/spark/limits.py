@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from splitflow.api.enumerator import SplitExtent
 from splitflow.errors import ConfigurationError
 
@@ -62,47 +64,98 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
     Every split with a backlog gets at least one record while the budget lasts (largest
     backlog first), so a small split is never starved behind a large one; the rest is shared
     in proportion to backlog, largest remainders first. Never more than a split's backlog,
-    never more than ``budget`` in total. A batch over 100k lagging splits with a budget of
-    10k records makes no dict of 100k shares.
+    never more than ``budget`` in total.
 
     >>> share_records({"big": 900, "small": 10, "none": 0}, 91)
     {'big': 89, 'small': 2}
     """
-    waiting = backlogs
-    if min(backlogs.values(), default=1) <= 0:
-        waiting = {s: b for s, b in backlogs.items() if b > 0}
-    total = sum(waiting.values())
-    if total <= budget:
-        return dict(waiting)
-    if budget <= len(waiting):  # one record each for the largest backlogs; nothing is left
-        return dict.fromkeys(largest(budget, waiting), 1)
-    # One record each, and what is left of the budget in proportion to what is left of
-    # each backlog. Integers only: floats lose records past 2**53 (a share above the
-    # backlog or budget).
-    left, rest_total = budget - len(waiting), total - len(waiting)
-    quota = {s: divmod(left * (b - 1), rest_total) for s, b in waiting.items()}
-    shares = {s: 1 + whole for s, (whole, _) in quota.items()}
-    remainder = budget - sum(shares.values())
-    for split in largest(remainder, {s: part for s, (_, part) in quota.items()}):
-        shares[split] += 1
-    return shares
+    return Backlogs.of(backlogs).share(budget)
 
 
-def largest(count: int, values: Mapping[str, int]) -> list[str]:
-    """The ``count`` keys of ``values`` with the largest values, a tie going to the smaller
-    key (in no particular order). Sorts values and tied keys only: C speed at 100k splits.
+class Backlogs:
+    """What each split may read next, as arrays: ``ids`` (split ids, an object array) and
+    ``values`` (records, int64; Python ints in an object array where they do not fit).
+    Budgets are shared over them with array operations: a batch over 100k lagging splits
+    with a budget of 10k records makes no Python object per split that reads nothing."""
 
-    >>> sorted(largest(2, {"a": 1, "b": 5, "c": 5, "d": 5}))
+    def __init__(self, ids: np.ndarray, values: np.ndarray) -> None:
+        self.ids = ids
+        self.values = values
+
+    @classmethod
+    def of(cls, backlogs: Mapping[str, int]) -> Backlogs:
+        ids = np.array(list(backlogs), dtype=object)
+        return cls(ids, int_array(list(backlogs.values())))
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(zip(self.ids.tolist(), self.values.tolist(), strict=True))
+
+    def total(self) -> int:
+        """The sum of the positive backlogs."""
+        return exact_sum(self.values[self.values > 0])
+
+    def share(self, budget: int) -> dict[str, int]:
+        """:func:`share_records` over these backlogs."""
+        ids, values = self.ids, self.values
+        waiting = values > 0
+        if not waiting.all():
+            ids, values = ids[waiting], values[waiting]
+        count = len(values)
+        total = exact_sum(values)
+        if total <= budget:
+            return dict(zip(ids.tolist(), values.tolist(), strict=True))
+        if budget <= count:  # one record each for the largest backlogs; nothing is left
+            return dict.fromkeys(ids[largest(budget, values, ids)].tolist(), 1)
+        # One record each, and what is left of the budget in proportion to what is left of
+        # each backlog. Integers only (floats lose records past 2**53), in Python ints
+        # where the products would not fit 64 bits.
+        left, rest_total = budget - count, total - count
+        rest = values - 1
+        if left * int(rest.max()) >= 2**63 or rest_total >= 2**63:
+            rest = rest.astype(object)
+        product = rest * left
+        shares = 1 + product // rest_total
+        remainder = budget - exact_sum(shares)
+        shares[largest(remainder, product % rest_total, ids)] += 1
+        return dict(zip(ids.tolist(), shares.tolist(), strict=True))
+
+
+def largest(count: int, values: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+    """The indexes of the ``count`` largest ``values`` (in no particular order), a tie going
+    to the smaller id of ``ids``, or without ids to the smaller index. Sorts tied ids only.
+
+    >>> ids = np.array(["a", "b", "c", "d"], dtype=object)
+    >>> sorted(ids[largest(2, np.array([1, 5, 5, 5]), ids)])
     ['b', 'c']
     """
     if count <= 0:
-        return []
+        return np.zeros(0, dtype=np.intp)
     if count >= len(values):
-        return list(values)
-    threshold = sorted(values.values(), reverse=True)[count - 1]
-    above = [key for key, value in values.items() if value > threshold]
-    tied = sorted(key for key, value in values.items() if value == threshold)
-    return above + tied[: count - len(above)]
+        return np.arange(len(values))
+    threshold = np.partition(values, len(values) - count)[len(values) - count]
+    above = np.flatnonzero(values > threshold)
+    tied = np.flatnonzero(values == threshold)
+    need = count - len(above)
+    if need < len(tied):
+        tied = tied[np.argsort(ids[tied], kind="stable")[:need]] if ids is not None else tied[:need]
+    return np.concatenate((above, tied))
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """The sum of non-negative ``values``, exact (in Python ints where int64 could overflow)."""
+    if not len(values):
+        return 0
+    if values.dtype == object or int(values.max()) >= 2**63 // len(values):
+        return int(sum(values.tolist()))
+    return int(values.sum())
+
+
+def int_array(values: list[int]) -> np.ndarray:
+    """``values`` as int64, or as Python ints (an object array) where one does not fit."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
 
 
 def share_bytes(
@@ -148,18 +201,19 @@ def share_bytes(
 
 def reads_under(
     limit: ReadAll | MaxRecords | MaxBytes,
-    backlogs: dict[str, int],
+    backlogs: Backlogs,
     extents: Mapping[str, SplitExtent],
 ) -> dict[str, int]:
     """Records each split reads in the next batch under ``limit`` (a split left out, or
     with 0 or less, reads none)."""
     if isinstance(limit, MaxRecords):
-        return share_records(backlogs, limit.records)
+        return backlogs.share(limit.records)
+    waiting = backlogs.as_dict()
     if isinstance(limit, ReadAll):
-        return backlogs
-    sizes = {sid: extents[sid].bytes_per_position for sid in backlogs}
-    reads = share_bytes(backlogs, sizes, limit.bytes, limit.option)
+        return waiting
+    sizes = {sid: extents[sid].bytes_per_position for sid in waiting}
+    reads = share_bytes(waiting, sizes, limit.bytes, limit.option)
     if limit.records is not None:
-        capped = share_records(backlogs, limit.records)
+        capped = backlogs.share(limit.records)
         reads = {sid: min(n, capped[sid]) for sid, n in reads.items() if sid in capped}
     return reads

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 import itertools
 import logging
-import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import is_not, ne
 from typing import Any, Generic
+
+import numpy as np
 
 from splitflow.api.enumerator import EnumStateT, SplitExtent
 from splitflow.api.events import (
@@ -63,11 +63,20 @@ from splitflow.spark.alignment import Aligner, Alignment, capped
 from splitflow.spark.events import EventStore
 from splitflow.spark.eventtime import EventTimeSettings, iso
 from splitflow.spark.ledger import LedgerStore
-from splitflow.spark.limits import BacklogAware, MinRecords, ReadLimit, reads_under
+from splitflow.spark.limits import (
+    BacklogAware,
+    Backlogs,
+    MinRecords,
+    ReadLimit,
+    exact_sum,
+    largest,
+    reads_under,
+)
 from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, OffsetEncoder, Slice
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
+from splitflow.spark.table import SplitTable, holds_none
 
 log = logging.getLogger("splitflow.spark")
 
@@ -128,22 +137,18 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
+        # Each held split's position and extent in arrays: backlogs, ends and lags.
+        self._table = SplitTable()
         # Each held split's extent, as last learnt (_extents), and the backlog boundaries
-        # seen at the last planning, and the backlogs then: a planning recomputes only the
-        # splits whose extent (_moved: None, every split) or boundary changed since and
-        # those _changed (rewound or assigned since its checks). A split a batch reads gets
-        # its lag and backlog when it is read, and is _reached when it is read up to the
-        # boundary seen then (the boundary is checked at the next planning).
+        # seen at the last planning: a planning checks only the splits whose boundary
+        # changed since, those _changed (rewound or assigned since its checks), and those
+        # _reached (read up to the boundary seen then).
         self._changed: set[str] = set()
         self._reached: set[str] = set()
         self._extent_of: dict[str, SplitExtent] = {}
-        self._moved: set[str] | None = None
         self._token: object | None = None  # of the enumerator's changed_positions
         self._unknown: set[str] = set()  # held splits assigned since the last _extents
         self._boundaries_seen: dict[str, int] = {}
-        self._backlog_of: dict[str, int] = {}
-        self._lag_of: dict[str, int] = {}  # split id -> what exists past its position, if any
-        self._slot_lag: dict[int, int] = {}  # slot -> the sum of its splits' _lag_of
         # Each slot's held splits' slices in the next offset unless a batch reads them: the
         # slice the batch that read it last made (or one that reads nothing, since it was
         # assigned); in the order of the slot's dict in _slots.
@@ -173,10 +178,10 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._pieces = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of = {}
+        self._table = SplitTable()
         self._changed, self._reached = set(), set()
-        self._extent_of, self._moved, self._token, self._unknown = {}, None, None, set()
-        self._boundaries_seen, self._backlog_of, self._lag_of = {}, {}, {}
-        self._slot_lag = dict.fromkeys(range(self.parallelism), 0)
+        self._extent_of, self._token, self._unknown = {}, None, set()
+        self._boundaries_seen = {}
         self._to_readers = {}  # before start: the enumerator may send events from start() on
         self._coordinator = SourceCoordinator(
             self.source,
@@ -277,6 +282,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 zip(ids, map(self._new_piece, ids, message.splits), strict=True)
             )
             self._slot_of.update(dict.fromkeys(ids, reader_id))
+            self._table.add(ids, reader_id, [split.position for split in message.splits])
             self._changed.update(ids)
             self._unknown.update(ids)
             self._unsorted.add(reader_id)
@@ -368,7 +374,7 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _fix_target_now(self) -> None:
         self._target = {sid: extent.exists_to for sid, extent in self._extents().items()}
         self._fix_target = False
-        self._moved = None  # every backlog is capped anew
+        self._learnt(None)  # every backlog is capped anew
 
     def latest_offset(self, start: Mapping[str, Any], limit: ReadLimit) -> JsonDict:
         """Plan the next batch from ``start``; returns ``start`` when there is nothing new."""
@@ -382,10 +388,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         if self._fix_target:
             self._fix_target_now()
         extents = self._extents()
-        backlogs, ended = self._backlogs(extents)
-        while self._finish(ended):  # the enumerator may have assigned others, ended too
+        while self._finish(self._table.ended()):  # the enumerator may assign others, ended too
             extents = self._extents()
-            backlogs, ended = self._backlogs(extents)
+        backlogs = self._table.backlogs()
         self._latest_extents = extents
         self._track_backlog(extents)
         self._changed, self._reached = set(), set()  # checked: from here on, what changes
@@ -399,20 +404,21 @@ class Planner(Generic[SplitT, EnumStateT]):
                 for sid, split in slot.items()
                 if sid in extents
             }
+            waiting = backlogs.as_dict()
             aligned = self._aligner.align(
                 held,
                 extents,
-                backlogs,
+                waiting,
                 sized,
                 self._event_times,
                 now=self._clock(),
                 available_now=self._target is not None,
             )
-            backlogs = capped(backlogs, aligned.caps, aligned.positions)
+            backlogs = Backlogs.of(capped(waiting, aligned.caps, aligned.positions))
             self._aligned = aligned
         if isinstance(limit, MinRecords):
             waited = self._clock() - self._last_batch_at
-            enough = sum(backlogs.values()) >= limit.records
+            enough = backlogs.total() >= limit.records
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
         reads = {sid: n for sid, n in reads_under(sized, backlogs, extents).items() if n > 0}
@@ -563,6 +569,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if split is not None and event.position < split.position:
             slot[sid] = with_position(split, event.position)
             self._pieces[self._slot_of[sid]][sid] = Slice(slot[sid], event.position)
+            self._table.move([sid], [event.position])
             self._changed.add(sid)
 
     def _check_events_written(
@@ -623,8 +630,8 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _extents(self) -> dict[str, SplitExtent]:
         """How far each held split can be read now (the planner's own dict, kept up to date
-        from call to call: read it within one planning); notes in ``_moved`` the splits
-        whose extent may have changed since the last call.
+        from call to call: read it within one planning); notes in the table the extents of
+        the splits whose extent may have changed since the last call.
 
         From the enumerator's ``changed_positions`` where it tracks changes (then, after
         its first call in a run, only the splits assigned since are asked for), else
@@ -637,25 +644,28 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._token, self._unknown = None, set()
             held = [s for slot in self._slots.values() for s in slot.values()]
             extents = dict(self._settle(coordinator.latest_positions(held))) if held else {}
-            self._note_moved(_changed_keys(self._extent_of, extents, is_not))
+            moved = _changed_keys(self._extent_of, extents, is_not)
             self._extent_of = extents
+            self._learnt(moved)
             return extents
         first, (self._token, changes) = self._token is None, tracked
         extents = self._extent_of
         if first:  # at a start, or after the source could not tell: ask for every split
             extents.clear()
-            self._note_moved(None)
             ask = [s for slot in self._slots.values() for s in slot.values()]
             asked, self._unknown = set(self._slot_of), set()
+            changed = None
         else:
             changed = changes.keys() & self._slot_of.keys()
-            for sid in changed:
-                extent = changes[sid]
-                if extent is None:
-                    extents.pop(sid, None)
-                else:
-                    extents[sid] = extent
-            self._note_moved(changed)
+            if len(changed) == len(changes) and not holds_none(changes.values()):
+                extents.update(changes)  # all held, none gone: at C speed
+            else:
+                for sid in changed:
+                    extent = changes[sid]
+                    if extent is None:
+                        extents.pop(sid, None)
+                    else:
+                        extents[sid] = extent
             asked, self._unknown = self._unknown, set()  # splits assigned from now: next call
             ask = [self._slots[self._slot_of[sid]][sid] for sid in sorted(asked)]
         told = self._settle(coordinator.latest_positions(ask)) if ask else {}
@@ -666,98 +676,24 @@ class Planner(Generic[SplitT, EnumStateT]):
         for sid in missing:
             extents.pop(sid, None)
         self._unknown |= missing
-        self._note_moved(asked)
+        if changed is not None and asked:
+            changed |= asked
+        self._learnt(changed)
         return extents
 
-    def _note_moved(self, moved: set[str] | None) -> None:
-        """Splits whose extent may have changed (None: any), for the next :meth:`_backlogs`."""
-        if moved is None or self._moved is None:
-            self._moved = None
-        else:
-            self._moved |= moved
+    def _learnt(self, moved: Iterable[str] | None) -> None:
+        """The extents of held splits ``moved`` (None: every held split) into the table."""
+        capped = self._cap if self._target is not None else None
+        self._table.note(self._slot_of if moved is None else moved, self._extent_of, capped)
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
-        self._note_backlogs([(split_id, None, 0)])
+        self._table.remove(split_id)
         slot_id = self._slot_of.pop(split_id, None)
         if slot_id is not None:
             self._pieces[slot_id].pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
-
-    def _backlogs(
-        self, extents: dict[str, SplitExtent]
-    ) -> tuple[dict[str, int], dict[int, list[str]]]:
-        """What each split may read next (only splits with records to read; the planner's own
-        dict, kept up to date from call to call: read it within one planning), and each slot's
-        splits at their final position without a batch reading to it (an empty file, a
-        split whose end became known after its last read, a restore from an offset that did
-        not finish it), which are to be finished now.
-
-        Only the splits whose extent changed since the last call, or whose position changed
-        other than by a batch reading them (those got theirs as they were read), are looked
-        at (every split after the splits held changed), with the backlogs kept from then.
-        """
-        moved, self._moved = self._moved, set()
-        backlogs = self._backlog_of
-        check: Iterable[str]
-        if moved is not None:
-            check = moved | self._changed
-        else:
-            check = extents
-            backlogs.clear()
-            self._lag_of.clear()
-            self._slot_lag = dict.fromkeys(self._slot_lag, 0)
-        slot_of, slots = self._slot_of, self._slots
-        held = []
-        for sid in check:
-            if sid in slot_of:
-                held.append(sid)
-            else:
-                backlogs.pop(sid, None)
-        ended: dict[int, list[str]] = {}
-        notes = ((sid, extents.get(sid), slots[slot_of[sid]][sid].position) for sid in held)
-        for sid in self._note_backlogs(notes):
-            ended.setdefault(slot_of[sid], []).append(sid)
-        return backlogs, {slot_id: sorted(sids) for slot_id, sids in ended.items()}
-
-    def _note_backlogs(self, splits: Iterable[tuple[str, SplitExtent | None, int]]) -> list[str]:
-        """Keep the backlog of each held split of ``splits`` (split id, extent, position) at
-        its position, and its lag (what exists past its position, for :meth:`lag`) with its
-        slot's total: none for a split without an extent (gone, or no longer held). Returns
-        the splits at their final position with nothing to read (to be finished).
-
-        One loop for every split a batch moves or reads: the planner's hottest."""
-        lags, slot_lag, slot_of = self._lag_of, self._slot_lag, self._slot_of
-        backlogs = self._backlog_of
-        capped = self._target is not None
-        ended = []
-        for sid, extent, position in splits:
-            if extent is None:
-                lag = 0
-            else:
-                latest, available = extent.latest, extent.available
-                lag = (latest if available is None else available) - position
-            was = lags.get(sid, 0)
-            if lag > 0:
-                lags[sid] = lag
-            else:
-                lag = 0
-                if was:
-                    del lags[sid]
-            if lag != was:
-                slot_lag[slot_of[sid]] += lag - was
-            if extent is None:
-                backlogs.pop(sid, None)
-                continue
-            stop = self._cap(sid, extent) if capped else latest
-            if stop > position:
-                backlogs[sid] = stop - position
-            else:
-                backlogs.pop(sid, None)
-                if extent.final and position >= latest:
-                    ended.append(sid)
-        return ended
 
     def _ends(
         self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
@@ -821,15 +757,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         threshold = self.backlog_lag_threshold
         if threshold is None or self.in_backlog:
             return
-        lag = sum(self._slot_lag.values())  # what exists counts, admitted or not
+        lags = self._table.lags()
+        lag = exact_sum(lags)  # what exists counts, admitted or not
         if lag <= threshold:
             return
         log.info("splitflow: %d records behind (over %d): processing backlog again", lag, threshold)
-        behind: dict[int, dict[str, int]] = {}
-        for sid in self._lag_of:
-            behind.setdefault(self._slot_of[sid], {})[sid] = extents[sid].exists_to
-        for slot_id, splits in sorted(behind.items()):
-            event = BacklogStartedEvent.of(splits)
+        for slot_id, sids in self._table.lagging(lags).items():
+            event = BacklogStartedEvent.of({sid: extents[sid].exists_to for sid in sids})
             self._settle(self.coordinator.handle_source_event(slot_id, event))
 
     def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
@@ -855,20 +789,17 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         slot = self._sorted_slot(slot_id)
         pieces = self._pieces[slot_id]
-        extents = self._extent_of
         stops = []
         for sid in read:  # each read split becomes a new object
             split = slot[sid]
             stop = split.position + reads[sid]
             pieces[sid] = Slice(split, stop, seq)
             slot[sid] = with_position(split, stop)
-            stops.append((sid, extents.get(sid), stop))
-        # Not expected, checked at the next planning: a split read without an extent (it is
-        # read by its extent), or at its end (ended splits are finished).
-        self._changed.update(self._note_backlogs(stops))
-        self._changed.update(sid for sid, extent, _ in stops if extent is None)
+            stops.append(stop)
+        self._table.move(read, stops)
         if seen := self._boundaries_seen:  # a boundary that changes is checked anyway
-            self._reached.update(sid for sid, _, stop in stops if stop >= seen.get(sid, stop + 1))
+            reached = zip(read, stops, strict=True)
+            self._reached.update(sid for sid, stop in reached if stop >= seen.get(sid, stop + 1))
         return tuple(pieces.values()), tuple(map(pieces.__getitem__, read))
 
     def _snapshot(
@@ -967,27 +898,23 @@ class Planner(Generic[SplitT, EnumStateT]):
         :attr:`progress_splits` of them, else the most lagging ones (the report is sent on
         every trigger and kept in every progress event, so it must not grow with the source).
         """
-        if self._latest_extents is not None:  # Spark asks right after latestOffset
-            extents, lags, slot_lag = self._latest_extents, self._lag_of, self._slot_lag
-        else:  # before this run planned: from the extents now
+        extents = self._latest_extents  # Spark asks right after latestOffset
+        if extents is None:  # before this run planned: from the extents now
             extents = self._extents() if self._coordinator is not None else {}
-            lags = {
-                sid: lag
-                for slot in self._slots.values()
-                for sid, split in slot.items()
-                if sid in extents and (lag := extents[sid].exists_to - split.position) > 0
-            }
-            slot_lag = dict.fromkeys(sorted(self._slots), 0)  # none before the start
-            for sid, lag in lags.items():
-                slot_lag[self._slot_of[sid]] += lag
         boundaries = (
             self._settle(self.coordinator.backlog_boundaries()) if self._coordinator else {}
         )
-        slots = [
-            {"splits": len(self._slots[slot_id]), "lag": lag} for slot_id, lag in slot_lag.items()
+        table = self._table
+        lags = table.lags()
+        slots = [  # none before the start
+            {"splits": len(self._slots[slot_id]), "lag": lag}
+            for slot_id, lag in enumerate(table.slot_lags(lags, len(self._slots)))
         ]
-        top = heapq.nlargest(self.progress_splits, lags.items(), key=operator.itemgetter(1))
-        listed = [(sid, self._slot_of[sid]) for sid, _ in top]
+        lagging = np.flatnonzero(lags > 0)
+        if len(lagging) > self.progress_splits:  # a tie to the row (of the split) made first
+            lagging = lagging[largest(self.progress_splits, lags[lagging])]
+        top = sorted(lagging.tolist(), key=lambda row: (-lags[row], row))  # most lagging first
+        listed = [(sid, self._slot_of[sid]) for sid in table.ids[top].tolist()]
         if len(listed) < self.progress_splits:  # then splits that do not lag, in order
             named = {sid for sid, _ in listed}
             listed.extend(

@@ -1,0 +1,191 @@
+"""Each held split's position and extent in arrays, a row per split (docs/design.md, "Slot
+arrays"): a batch's backlogs, the splits at their end and every lag are array expressions
+over all held splits, with no Python work per split that did not change. No pyspark import.
+
+Positions and extents are written as they change (a split assigned, read, rewound, its
+extent learnt); rows of splits that left are reused. Values are int64, or Python ints in
+object arrays once one does not fit (a log position past 2**63).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import is_
+from typing import cast
+
+import numpy as np
+
+from splitflow.api.enumerator import SplitExtent
+from splitflow.spark.limits import Backlogs, exact_sum
+
+_VALUES = ("position", "latest", "exists", "stop")
+
+
+class SplitTable:
+    """The held splits of one planner: ``slot``, ``position``, and of the extent last learnt
+    ``latest``, ``exists`` (how far the split exists), ``stop`` (how far a batch may read it:
+    ``latest``, or less under ``availableNow``) and ``final``; ``known``: held, with an
+    extent. A row without a split, or without an extent, has no backlog and no lag."""
+
+    def __init__(self) -> None:
+        self.ids = np.empty(0, dtype=object)  # row -> split id (None: a free row)
+        self.row_of: dict[str, int] = {}
+        self._free: list[int] = []
+        self._rows = 0  # rows in use, free ones included
+        self.slot = self.position = self.latest = self.exists = self.stop = np.zeros(0, np.int64)
+        self.final = self.known = np.zeros(0, dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def add(self, ids: Sequence[str], slot: int, positions: Sequence[int]) -> None:
+        """Splits ``ids`` join slot ``slot`` at ``positions``, their extents not known yet."""
+        for sid in [sid for sid in ids if sid in self.row_of]:  # held elsewhere until now
+            self.remove(sid)
+        rows = self._allocate(len(ids))
+        self.ids[rows] = ids
+        self.row_of.update(zip(ids, rows.tolist(), strict=True))
+        self.known[rows] = False
+        self.slot[rows] = slot
+        self._store("position", rows, positions)
+
+    def remove(self, split_id: str) -> None:
+        row = self.row_of.pop(split_id, None)
+        if row is not None:
+            self.ids[row] = None
+            self.known[row] = False
+            self._free.append(row)
+
+    def move(self, ids: Iterable[str], positions: Sequence[int]) -> None:
+        """Held splits ``ids`` are now at ``positions``."""
+        row_of = self.row_of
+        self._store("position", np.array([row_of[sid] for sid in ids], np.intp), positions)
+
+    def note(
+        self,
+        ids: Iterable[str],
+        extents: Mapping[str, SplitExtent],
+        cap: Callable[[str, SplitExtent], int] | None = None,
+    ) -> None:
+        """The extents of splits ``ids`` (those not held are left out; none in ``extents``:
+        not known), and how far a batch may read each (``cap``; default: its ``latest``).
+
+        One dict lookup per split in each of the two dicts: at 1M splits every lookup of a
+        changed split misses the CPU's caches."""
+        ids = list(ids)
+        held = list(map(self.row_of.get, ids))
+        told = list(map(extents.get, ids))
+        if None in held or holds_none(told):
+            self.known[
+                [r for r, e in zip(held, told, strict=True) if r is not None and e is None]
+            ] = False
+            kept = [
+                i
+                for i, (r, e) in enumerate(zip(held, told, strict=True))
+                if r is not None and e is not None
+            ]
+            ids, held, told = (
+                [ids[i] for i in kept],
+                [held[i] for i in kept],
+                [told[i] for i in kept],
+            )
+        rows, found = cast(list[int], held), cast(list[SplitExtent], told)
+        if not rows:
+            return
+        at = np.array(rows, np.intp)
+        latest = [extent.latest for extent in found]
+        available = [extent.available for extent in found]
+        self._store("latest", at, latest)
+        if available.count(None) == len(available):
+            self._store("exists", at, latest)
+        else:
+            self._store("exists", at, [extent.exists_to for extent in found])
+        self._store("stop", at, latest if cap is None else list(map(cap, ids, found)))
+        self.final[at] = [extent.final for extent in found]
+        self.known[at] = True
+
+    # -- array expressions over every row ---------------------------------------------
+
+    def backlogs(self) -> Backlogs:
+        """What each split may read next: only splits with records to read."""
+        n = self._rows
+        backlog = self.stop[:n] - self.position[:n]
+        rows = np.flatnonzero(self.known[:n] & (backlog > 0))
+        return Backlogs(self.ids[rows], backlog[rows])
+
+    def ended(self) -> dict[int, list[str]]:
+        """Each slot's splits at their final position with nothing to read (sorted)."""
+        n = self._rows
+        position = self.position[:n]
+        at_end = (
+            self.known[:n]
+            & self.final[:n]
+            & (position >= self.latest[:n])
+            & (self.stop[:n] <= position)
+        )
+        return self._by_slot(np.flatnonzero(at_end))
+
+    def lags(self) -> np.ndarray:
+        """What exists past each row's position (0 for rows without a split or extent)."""
+        n = self._rows
+        lag = self.exists[:n] - self.position[:n]
+        return np.where(self.known[:n] & (lag > 0), lag, 0)
+
+    def slot_lags(self, lags: np.ndarray, parallelism: int) -> list[int]:
+        """Each slot's sum of ``lags`` (of :meth:`lags`)."""
+        slots = self.slot[: self._rows]
+        if lags.dtype == object or exact_sum(lags) >= 2**63:
+            return [exact_sum(lags[slots == slot]) for slot in range(parallelism)]
+        totals = np.zeros(parallelism, np.int64)
+        np.add.at(totals, slots, lags)
+        return [int(total) for total in totals]
+
+    def lagging(self, lags: np.ndarray) -> dict[int, list[str]]:
+        """Each slot's splits with a lag (of :meth:`lags`), sorted."""
+        return self._by_slot(np.flatnonzero(lags > 0))
+
+    def _by_slot(self, rows: np.ndarray) -> dict[int, list[str]]:
+        grouped: dict[int, list[str]] = {}
+        for sid, slot in zip(self.ids[rows].tolist(), self.slot[rows].tolist(), strict=True):
+            grouped.setdefault(int(slot), []).append(sid)
+        return {slot: sorted(sids) for slot, sids in sorted(grouped.items())}
+
+    # -- storage ------------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> np.ndarray:
+        reused = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        fresh = count - len(reused)
+        if self._rows + fresh > len(self.ids):
+            self._grow(max(self._rows + fresh, 2 * len(self.ids), 1024))
+        rows = np.array(reused + list(range(self._rows, self._rows + fresh)), np.intp)
+        self._rows += fresh
+        return rows
+
+    def _grow(self, capacity: int) -> None:
+        def grown(column: np.ndarray) -> np.ndarray:
+            bigger = np.zeros(capacity, dtype=column.dtype)
+            bigger[: len(column)] = column
+            return bigger
+
+        ids = np.empty(capacity, dtype=object)
+        ids[: len(self.ids)] = self.ids
+        self.ids = ids
+        for name in (*_VALUES, "slot", "final", "known"):
+            setattr(self, name, grown(getattr(self, name)))
+
+    def _store(self, name: str, rows: np.ndarray, values: Sequence[int]) -> None:
+        """``values`` into column ``name`` at ``rows``; every column holds Python ints from
+        the first value that does not fit int64."""
+        try:
+            getattr(self, name)[rows] = values
+        except OverflowError:
+            for column in _VALUES:
+                setattr(self, column, getattr(self, column).astype(object))
+            getattr(self, name)[rows] = values
+
+
+def holds_none(values: Iterable[object]) -> bool:
+    """Whether ``values`` holds None, by identity at C speed (``None in values`` calls each
+    value's ``__eq__``: Python code for a dataclass)."""
+    return any(map(is_, values, repeat(None)))

@@ -1,0 +1,93 @@
+"""The planner's table of held splits: positions and extents in arrays (no Spark)."""
+
+from __future__ import annotations
+
+from splitflow.api.enumerator import SplitExtent
+from splitflow.spark.table import SplitTable
+
+
+def _table(positions: dict[str, int], slot: int = 0) -> SplitTable:
+    table = SplitTable()
+    table.add(list(positions), slot, list(positions.values()))
+    return table
+
+
+def test_backlogs_and_lags_come_from_positions_and_extents() -> None:
+    table = _table({"a": 0, "b": 5, "c": 9})
+    table.note(["a", "b", "c"], {"a": SplitExtent(10), "b": SplitExtent(5, available=8)})
+    assert table.backlogs().as_dict() == {"a": 10}  # b is at latest; c has no extent
+    lags = table.lags()
+    assert {sid: int(lags[table.row_of[sid]]) for sid in "abc"} == {"a": 10, "b": 3, "c": 0}
+    table.move(["a"], [4])
+    assert table.backlogs().as_dict() == {"a": 6}
+
+
+def test_a_cap_sets_how_far_a_batch_may_read() -> None:
+    table = _table({"a": 0, "b": 0})
+    table.note(["a", "b"], {"a": SplitExtent(10), "b": SplitExtent(10)}, lambda sid, e: 4)
+    assert table.backlogs().as_dict() == {"a": 4, "b": 4}
+    lags = table.lags()
+    assert lags[table.row_of["a"]] == 10  # what exists counts for the lag, capped or not
+
+
+def test_ended_splits_are_at_their_final_position_with_nothing_to_read() -> None:
+    table = _table({"done": 7, "open": 7, "more": 3}, slot=1)
+    table.add(["other"], 0, [2])
+    final = SplitExtent(7, final=True)
+    table.note(
+        ["done", "open", "more", "other"],
+        {"done": final, "open": SplitExtent(7), "more": final, "other": SplitExtent(2, final=True)},
+    )
+    assert table.ended() == {0: ["other"], 1: ["done"]}
+    table.note(["more"], {"more": final}, lambda sid, e: 3)  # nothing to read, not at its end
+    assert table.backlogs().as_dict() == {}
+    assert table.ended() == {0: ["other"], 1: ["done"]}
+
+
+def test_rows_of_splits_that_left_are_reused_and_hold_nothing() -> None:
+    table = _table({"a": 0, "b": 0})
+    table.note(["a", "b"], {"a": SplitExtent(5), "b": SplitExtent(5)})
+    row = table.row_of["a"]
+    table.remove("a")
+    assert table.backlogs().as_dict() == {"b": 5}
+    assert int(table.lags().sum()) == 5
+    table.add(["c"], 1, [1])
+    assert table.row_of["c"] == row
+    assert table.backlogs().as_dict() == {"b": 5}  # c's extent is not known yet
+    table.note(["c"], {"c": SplitExtent(3)})
+    assert table.backlogs().as_dict() == {"b": 5, "c": 2}
+    assert table.slot_lags(table.lags(), 2) == [5, 2]
+
+
+def test_a_split_added_again_keeps_one_row() -> None:
+    table = _table({"a": 0})
+    table.note(["a"], {"a": SplitExtent(5)})
+    table.add(["a"], 1, [2])
+    assert len(table) == 1
+    table.note(["a"], {"a": SplitExtent(5)})
+    assert table.backlogs().as_dict() == {"a": 3}
+    assert table.slot_lags(table.lags(), 2) == [0, 3]
+
+
+def test_splits_left_out_or_unknown_are_ignored_or_forgotten() -> None:
+    table = _table({"a": 0})
+    table.note(["a"], {"a": SplitExtent(5)})
+    table.note(["a", "gone"], {"gone": SplitExtent(9)})  # a: no extent now; gone: not held
+    assert table.backlogs().as_dict() == {}
+    assert "gone" not in table.row_of
+
+
+def test_positions_past_64_bits_stay_exact() -> None:
+    big = 2**64 + 3  # a log position past int64 (and uint64)
+    table = _table({"small": 0, "log": big - 10})
+    table.note(["small", "log"], {"small": SplitExtent(4), "log": SplitExtent(big)})
+    assert table.backlogs().as_dict() == {"small": 4, "log": 10}
+    assert table.backlogs().share(7) == {"small": 2, "log": 5}
+    table.move(["log"], [big - 1])
+    lags = table.lags()
+    assert table.slot_lags(lags, 1) == [5]
+    table.note(["log"], {"log": SplitExtent(2**70, final=True)})
+    assert table.backlogs().as_dict() == {"small": 4, "log": 2**70 - big + 1}
+    assert table.backlogs().total() == 4 + 2**70 - big + 1
+    table.move(["log"], [2**70])
+    assert table.ended() == {0: ["log"]}
