@@ -911,7 +911,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             for slot_id, lag in enumerate(table.slot_lags(lags, len(self._slots)))
         ]
         lagging = np.flatnonzero(lags > 0)
-        if len(lagging) > self.progress_splits:  # a tie to the row (of the split) made first
+        if len(lagging) > self.progress_splits:  # a tie goes to the lower row
             lagging = lagging[largest(self.progress_splits, lags[lagging])]
         top = sorted(lagging.tolist(), key=lambda row: (-lags[row], row))  # most lagging first
         listed = [(sid, self._slot_of[sid]) for sid in table.ids[top].tolist()]
