@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from splitflow.api.assigner import AssignerState
 from splitflow.api.enumerator import SplitExtent
-from splitflow.api.events import SplitsFinishedEvent
+from splitflow.api.events import BacklogStartedEvent, SplitsFinishedEvent
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.limits import (
     MaxBytes,
@@ -344,6 +344,52 @@ def test_positions_past_64_bits_are_planned_exactly_across_a_restart(clock: Fake
     expected = [(name, FAR + i) for name, n in catalog.lengths().items() for i in range(n)]
     assert_exactly_once(restarted.read, expected)
     assert restarted.planner.lag()["totalLag"] == 0
+
+
+@pytest.mark.parametrize("tracked", [True, False], ids=["tracked", "untracked"])
+def test_a_held_split_the_enumerator_assigns_again_is_read_to_its_end(
+    clock: FakeClock, tracked: bool
+) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 10})
+    source_type = SequenceSource if tracked else _UntrackedSequenceSource
+    query = Query(Planner(source_type(catalog, discovery_interval=DISCOVERY), 1, clock=clock))
+    query.batch(MaxRecords(8))
+    planner = query.planner
+    planner.coordinator.context.assign_splits({0: [planner._slots[0]["a"]]})  # the same split
+    planner._settle()
+    query.drain(MaxRecords(8))
+    assert_exactly_once(query.read, [(name, i) for name in "ab" for i in range(10)])
+    assert planner.lag()["totalLag"] == 0
+
+
+class _RemovingEnumerator(SequenceEnumerator):
+    """Removes split ``b`` as it handles a BacklogStartedEvent: a held split removed while
+    the planner settles an event it sent."""
+
+    def handle_source_event(self, reader_id: int, event: Any) -> None:
+        super().handle_source_event(reader_id, event)
+        if isinstance(event, BacklogStartedEvent) and "b" in self._owner:
+            self.remove_splits(["b"])
+
+
+class _RemovingSource(SequenceSource):
+    def create_enumerator(self, context: Any) -> Any:
+        return _RemovingEnumerator(self, context, None)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+@pytest.mark.parametrize("limit", [MaxRecords(4), MaxBytes(40)], ids=["records", "bytes"])
+def test_a_split_removed_as_the_source_falls_behind_leaves_the_budget_to_the_others(
+    clock: FakeClock, parallelism: int, limit: ReadLimit
+) -> None:
+    catalog = SequenceCatalog({"a": 10, "b": 10})
+    source = _RemovingSource(catalog, discovery_interval=DISCOVERY, record_bytes=10)
+    query = Query(Planner(source, parallelism, clock=clock, backlog_lag_threshold=5))
+    query.drain()  # read what exists: out of backlog
+    catalog.append("a", 20)
+    catalog.append("b", 20)
+    clock.advance(DISCOVERY)
+    assert query.batch(limit) == [("a", i) for i in range(10, 14)]  # b removed, its share a's
 
 
 # -- plan_partitions ------------------------------------------------------------------------------

@@ -59,14 +59,15 @@ def test_rows_of_splits_that_left_are_reused_and_hold_nothing() -> None:
     assert table.slot_lags(table.lags(), 2) == [5, 2]
 
 
-def test_a_split_added_again_keeps_one_row() -> None:
-    table = _table({"a": 0})
-    table.note(["a"], {"a": SplitExtent(5)})
-    table.add(["a"], 1, [2])
-    assert len(table) == 1
-    table.note(["a"], {"a": SplitExtent(5)})
-    assert table.backlogs().as_dict() == {"a": 3}
-    assert table.slot_lags(table.lags(), 2) == [0, 3]
+def test_a_split_assigned_again_keeps_its_row_and_extent() -> None:
+    table = _table({"a": 0, "b": 0})
+    table.note(["a", "b"], {"a": SplitExtent(5), "b": SplitExtent(4)})
+    row = table.row_of["a"]
+    table.add(["c", "a"], 1, [1, 2])
+    assert table.row_of["a"] == row
+    assert len(table.row_of) == 3
+    assert table.backlogs().as_dict() == {"a": 3, "b": 4}  # c's extent is not known yet
+    assert table.slot_lags(table.lags(), 2) == [4, 3]
 
 
 def test_splits_left_out_or_unknown_are_ignored_or_forgotten() -> None:
@@ -75,6 +76,13 @@ def test_splits_left_out_or_unknown_are_ignored_or_forgotten() -> None:
     table.note(["a", "gone"], {"gone": SplitExtent(9)})  # a: no extent now; gone: not held
     assert table.backlogs().as_dict() == {}
     assert "gone" not in table.row_of
+
+
+def test_values_whose_difference_would_pass_64_bits_stay_exact() -> None:
+    table = _table({"a": -3})
+    table.note(["a"], {"a": SplitExtent(2**63 - 1)})
+    assert table.backlogs().as_dict() == {"a": 2**63 + 2}
+    assert table.lags()[table.row_of["a"]] == 2**63 + 2
 
 
 def test_positions_past_64_bits_stay_exact() -> None:

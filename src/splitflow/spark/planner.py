@@ -390,10 +390,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         extents = self._extents()
         while self._finish(self._table.ended()):  # the enumerator may assign others, ended too
             extents = self._extents()
-        backlogs = self._table.backlogs()
         self._latest_extents = extents
         self._track_backlog(extents)
         self._changed, self._reached = set(), set()  # checked: from here on, what changes
+        # Taken after the enumerator's last steps (they may remove splits), but the aligner's.
+        backlogs = self._table.backlogs()
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live
         sized = limit.then if isinstance(limit, MinRecords) else limit
@@ -404,16 +405,16 @@ class Planner(Generic[SplitT, EnumStateT]):
                 for sid, split in slot.items()
                 if sid in extents
             }
-            waiting = backlogs.as_dict()
             aligned = self._aligner.align(
                 held,
                 extents,
-                waiting,
+                backlogs.as_dict(),
                 sized,
                 self._event_times,
                 now=self._clock(),
                 available_now=self._target is not None,
             )
+            waiting = self._table.backlogs().as_dict()  # without splits removed meanwhile
             backlogs = Backlogs.of(capped(waiting, aligned.caps, aligned.positions))
             self._aligned = aligned
         if isinstance(limit, MinRecords):
@@ -762,8 +763,11 @@ class Planner(Generic[SplitT, EnumStateT]):
         if lag <= threshold:
             return
         log.info("splitflow: %d records behind (over %d): processing backlog again", lag, threshold)
-        for slot_id, sids in self._table.lagging(lags).items():
-            event = BacklogStartedEvent.of({sid: extents[sid].exists_to for sid in sids})
+        behind = [  # all made before any is handled (which may remove splits)
+            (slot_id, BacklogStartedEvent.of({sid: extents[sid].exists_to for sid in sids}))
+            for slot_id, sids in self._table.lagging(lags).items()
+        ]
+        for slot_id, event in behind:
             self._settle(self.coordinator.handle_source_event(slot_id, event))
 
     def _sorted_slot(self, slot_id: int) -> dict[str, SplitT]:
@@ -906,7 +910,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         )
         table = self._table
         lags = table.lags()
-        slots = [  # none before the start
+        slots = [  # none before the start (no slots)
             {"splits": len(self._slots[slot_id]), "lag": lag}
             for slot_id, lag in enumerate(table.slot_lags(lags, len(self._slots)))
         ]

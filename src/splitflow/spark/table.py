@@ -3,8 +3,9 @@ arrays"): a batch's backlogs, the splits at their end and every lag are array ex
 over all held splits, with no Python work per split that did not change. No pyspark import.
 
 Positions and extents are written as they change (a split assigned, read, rewound, its
-extent learnt); rows of splits that left are reused. Values are int64, or Python ints in
-object arrays once one does not fit (a log position past 2**63).
+extent learnt); rows of splits that left are reused. Values are int64 within 2**62 either
+way of 0 (so that no difference of two overflows), or Python ints in object arrays once one
+is past that (a log position).
 """
 
 from __future__ import annotations
@@ -36,16 +37,21 @@ class SplitTable:
         self.slot = self.position = self.latest = self.exists = self.stop = np.zeros(0, np.int64)
         self.final = self.known = np.zeros(0, dtype=bool)
 
-    def __len__(self) -> int:
-        return len(self.row_of)
-
     def add(self, ids: Sequence[str], slot: int, positions: Sequence[int]) -> None:
-        """Splits ``ids`` join slot ``slot`` at ``positions``, their extents not known yet."""
-        for sid in [sid for sid in ids if sid in self.row_of]:  # held elsewhere until now
-            self.remove(sid)
+        """Splits ``ids`` join slot ``slot`` at ``positions``: new ones with their extents
+        not known yet; one held until now (assigned again) keeps its row and extent."""
+        row_of = self.row_of
+        again = [i for i, sid in enumerate(ids) if sid in row_of]
+        if again:
+            rows = np.array([row_of[ids[i]] for i in again], np.intp)
+            self.slot[rows] = slot
+            self._store("position", rows, [positions[i] for i in again])
+            kept = set(again)
+            ids = [sid for i, sid in enumerate(ids) if i not in kept]
+            positions = [position for i, position in enumerate(positions) if i not in kept]
         rows = self._allocate(len(ids))
         self.ids[rows] = ids
-        self.row_of.update(zip(ids, rows.tolist(), strict=True))
+        row_of.update(zip(ids, rows.tolist(), strict=True))
         self.known[rows] = False
         self.slot[rows] = slot
         self._store("position", rows, positions)
@@ -176,13 +182,24 @@ class SplitTable:
 
     def _store(self, name: str, rows: np.ndarray, values: Sequence[int]) -> None:
         """``values`` into column ``name`` at ``rows``; every column holds Python ints from
-        the first value that does not fit int64."""
-        try:
-            getattr(self, name)[rows] = values
-        except OverflowError:
-            for column in _VALUES:
-                setattr(self, column, getattr(self, column).astype(object))
-            getattr(self, name)[rows] = values
+        the first value that does not fit 63 bits (so that no difference of two overflows)."""
+        column = getattr(self, name)
+        if column.dtype != object:
+            try:
+                array = np.array(values, dtype=np.int64)
+            except OverflowError:
+                array = None
+            if array is not None and not (len(array) and _outside(array)):
+                column[rows] = array
+                return
+            for other in _VALUES:
+                setattr(self, other, getattr(self, other).astype(object))
+        getattr(self, name)[rows] = values
+
+
+def _outside(values: np.ndarray) -> bool:
+    """Whether an int64 value is outside ``[-2**62, 2**62)``."""
+    return bool(values.max() >= 2**62 or values.min() < -(2**62))
 
 
 def holds_none(values: Iterable[object]) -> bool:
