@@ -99,3 +99,11 @@ def test_positions_past_64_bits_stay_exact() -> None:
     assert table.backlogs().total() == 4 + 2**70 - big + 1
     table.move(["log"], [2**70])
     assert table.ended() == {0: ["log"]}
+
+
+def test_the_splits_a_batch_reads_to_their_end() -> None:
+    table = _table({"a": 0, "b": 0, "c": 0}, slot=1)
+    table.add(["d"], 0, [3])
+    final = SplitExtent(5, final=True)
+    table.note(["a", "b", "c", "d"], {"a": final, "b": SplitExtent(5), "c": final, "d": final})
+    assert table.read_to_end({"a": 5, "b": 5, "c": 4, "d": 2, "gone": 1}) == {0: ["d"], 1: ["a"]}

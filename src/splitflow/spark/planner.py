@@ -426,7 +426,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if not reads:
             return dict(start)  # nothing to read: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
-        offset = self._snapshot(seq, reads, self._ends(reads, extents))
+        offset = self._snapshot(seq, reads, self._table.read_to_end(reads))
         self._last_batch_at = self._clock()
         encoded = offset.encode(self.source, self._encoder)
         if self._offsets is None:
@@ -695,22 +695,6 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._pieces[slot_id].pop(split_id, None)
         self._extent_of.pop(split_id, None)
         self._unknown.discard(split_id)
-
-    def _ends(
-        self, reads: Mapping[str, int], extents: Mapping[str, SplitExtent]
-    ) -> dict[int, list[str]]:
-        """Each slot's splits that the batch reading ``reads`` (split id -> records, none 0)
-        reads to their final position."""
-        ends: dict[int, list[str]] = {}
-        slots, slot_of = self._slots, self._slot_of
-        for sid, records in reads.items():
-            slot_id = slot_of.get(sid)
-            if slot_id is None:
-                continue
-            extent = extents[sid]
-            if extent.final and slots[slot_id][sid].position + records >= extent.latest:
-                ends.setdefault(slot_id, []).append(sid)
-        return {slot_id: sorted(ends[slot_id]) for slot_id in sorted(ends)}
 
     def _finish(self, ended: Mapping[int, Sequence[str]]) -> bool:
         """Take the splits ``ended`` names out of their slots and tell the enumerator they

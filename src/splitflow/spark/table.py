@@ -18,7 +18,7 @@ from typing import cast
 import numpy as np
 
 from splitflow.api.enumerator import SplitExtent
-from splitflow.spark.limits import Backlogs, exact_sum
+from splitflow.spark.limits import Backlogs, exact_sum, int_array
 
 _VALUES = ("position", "latest", "exists", "stop")
 
@@ -131,6 +131,19 @@ class SplitTable:
             & (self.stop[:n] <= position)
         )
         return self._by_slot(np.flatnonzero(at_end))
+
+    def read_to_end(self, reads: Mapping[str, int]) -> dict[int, list[str]]:
+        """Each slot's splits (sorted) that reading ``reads`` (split id -> records) more
+        records takes to their final position."""
+        held = list(map(self.row_of.get, reads))
+        counts = list(reads.values())
+        if None in held:  # not expected: a batch reads held splits
+            kept = [i for i, row in enumerate(held) if row is not None]
+            held, counts = [held[i] for i in kept], [counts[i] for i in kept]
+        rows = np.array(held, np.intp)
+        stops = self.position[rows] + int_array(counts)
+        at_end = self.known[rows] & self.final[rows] & (stops >= self.latest[rows])
+        return self._by_slot(rows[at_end])
 
     def lags(self) -> np.ndarray:
         """What exists past each row's position (0 for rows without a split or extent)."""
