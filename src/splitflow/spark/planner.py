@@ -393,7 +393,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._latest_extents = extents
         self._track_backlog(extents)
         self._changed, self._reached = set(), set()  # checked: from here on, what changes
-        # Taken after the enumerator's last steps (they may remove splits), but the aligner's.
+        # After the enumerator's steps above, which may remove splits (the aligner's steps
+        # below may too: the backlogs are taken again after them).
         backlogs = self._table.backlogs()
         if isinstance(limit, BacklogAware):
             limit = limit.backlog if self.in_backlog else limit.live

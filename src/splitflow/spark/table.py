@@ -121,7 +121,9 @@ class SplitTable:
         return Backlogs(self.ids[rows], backlog[rows])
 
     def ended(self) -> dict[int, list[str]]:
-        """Each slot's splits at their final position with nothing to read (sorted)."""
+        """Each slot's splits at their final position with nothing to read (sorted), to be
+        finished without a batch reading to their end: an empty file, a split whose end
+        became known after its last read, a restore from an offset that did not finish it."""
         n = self._rows
         position = self.position[:n]
         at_end = (
