@@ -4,7 +4,7 @@ records or bytes is shared over splits by their backlog."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,7 +150,7 @@ def exact_sum(values: np.ndarray) -> int:
     return int(values.sum())
 
 
-def int_array(values: list[int]) -> np.ndarray:
+def int_array(values: Sequence[int]) -> np.ndarray:
     """``values`` as int64, or as Python ints (an object array) where one does not fit."""
     try:
         return np.array(values, dtype=np.int64)

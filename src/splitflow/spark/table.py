@@ -200,11 +200,8 @@ class SplitTable:
         the first value that does not fit 63 bits (so that no difference of two overflows)."""
         column = getattr(self, name)
         if column.dtype != object:
-            try:
-                array = np.array(values, dtype=np.int64)
-            except OverflowError:
-                array = None
-            if array is not None and not (len(array) and _outside(array)):
+            array = int_array(values)
+            if array.dtype != object and _within(array):
                 column[rows] = array
                 return
             for other in _VALUES:
@@ -212,9 +209,9 @@ class SplitTable:
         getattr(self, name)[rows] = values
 
 
-def _outside(values: np.ndarray) -> bool:
-    """Whether an int64 value is outside ``[-2**62, 2**62)``."""
-    return bool(values.max() >= 2**62 or values.min() < -(2**62))
+def _within(values: np.ndarray) -> bool:
+    """Whether every int64 value is within ``[-2**62, 2**62)``."""
+    return not len(values) or bool(values.max() < 2**62 and values.min() >= -(2**62))
 
 
 def holds_none(values: Iterable[object]) -> bool:
