@@ -224,7 +224,7 @@ class Runner:
         ]
         for task in tasks:
             pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
-        return sum(stop - split["position"] for task in tasks for split, stop in task[4])
+        return sum(stop - start for task in tasks for _, start, stop in task[4])
 
     def commit(self, end: str) -> None:
         self.planner.commit(json.loads(end))

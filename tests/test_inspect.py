@@ -197,6 +197,6 @@ def test_inspect_of_an_offset_without_event_times_shows_no_watermark(tmp_path: P
 
 
 def test_inspect_refuses_an_offset_format_it_does_not_know(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, [{**FORMAT_1_OFFSET, "splitflow": 5}], committed=0)
+    write_checkpoint(tmp_path, [{**FORMAT_1_OFFSET, "splitflow": 99}], committed=0)
     with pytest.raises(IncompatibleCheckpointError, match="batch 0"):
         read_checkpoint(str(tmp_path))

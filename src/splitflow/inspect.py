@@ -27,8 +27,8 @@ from typing import Any
 from splitflow.errors import CheckpointStateError, ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.eventtime import iso
 from splitflow.spark.ledger import LedgerStore
-from splitflow.spark.offset import OFFSET_FORMAT, OLD_OFFSET_FORMAT
-from splitflow.spark.offsetstate import OLD_SMALL, SMALL, OffsetState, expand_offset
+from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, OLD_OFFSET_FORMAT
+from splitflow.spark.offsetstate import WHOLE_OF, OffsetState, expand_offset
 from splitflow.spark.snapshots import StateRef
 
 
@@ -124,14 +124,14 @@ def read_checkpoint(
 def _source_state(
     batch: int, committed: bool, index: int, offset: dict[str, Any], state_dir: str | None
 ) -> SourceState:
-    if offset.get("splitflow") in (SMALL, OLD_SMALL) and state_dir is None:
+    if offset.get("splitflow") in WHOLE_OF and state_dir is None:
         raise ConfigurationError(
             f"batch {batch}: the query keeps its splits in its state directory: pass "
             "--state-dir (option stateDir of the query)",
             option="state-dir",
         )
     offset = expand_offset(offset, OffsetState(state_dir) if state_dir else None)
-    if offset.get("splitflow") not in (OFFSET_FORMAT, OLD_OFFSET_FORMAT):
+    if offset.get("splitflow") not in (OFFSET_FORMAT, FORMAT_3, OLD_OFFSET_FORMAT):
         raise IncompatibleCheckpointError(
             f"batch {batch}: splitflow offset",
             found=offset.get("splitflow"),
@@ -144,12 +144,17 @@ def _source_state(
     ending = set()
     seq = int(offset["seq"])
     for slot, slices in enumerate(offset["slots"]):
-        for split_id, split, stop, *rest in slices:
-            if offset["splitflow"] == OLD_OFFSET_FORMAT:  # [..., (1 if it ends)]
-                read_by, ends = seq, rest
-            else:  # [..., the batch that read it, (1 if it ends)]
-                read_by, ends = rest[0], rest[1:]
-            start = int(split["position"]) if read_by == seq else int(stop)
+        for entry in slices:
+            split_id, split = entry[0], entry[1]
+            if offset["splitflow"] == OFFSET_FORMAT:  # [..., start, stop, read by, (1: ends)]
+                begin, stop, read_by, *ends = entry[2:]
+            elif offset["splitflow"] == FORMAT_3:  # [..., stop, the batch that read it, (1)]
+                begin = split["position"]
+                stop, read_by, *ends = entry[2:]
+            else:  # format 1: [..., stop, (1 if it ends)]
+                begin, read_by = split["position"], seq
+                stop, *ends = entry[2:]
+            start = int(begin) if read_by == seq else int(stop)
             boundary = boundaries.get(split_id)
             watermark = event_times.get(split_id)
             state = "ending" if ends else "reading"

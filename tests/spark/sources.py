@@ -106,8 +106,8 @@ class FaultyStreamReader(SplitflowStreamReader):
 
 
 def planned_records(partition: SlicePartition) -> int:
-    """How many records the partition's slices hold (``stop - position`` summed)."""
-    return sum(max(0, int(stop) - int(split["position"])) for split, stop in partition.slices)
+    """How many records the partition's slices hold (``stop - start`` summed)."""
+    return sum(max(0, int(stop) - int(start)) for _, start, stop in partition.slices)
 
 
 def _faulty_read(ds: FaultySequenceDataSource, partition: SlicePartition) -> Iterator[Any]:
@@ -121,7 +121,7 @@ def _faulty_read(ds: FaultySequenceDataSource, partition: SlicePartition) -> Ite
         "attempt": context.attemptNumber(),
         "slot": partition.slot,
         "seq": partition.seq,
-        "slices": [[split, int(stop)] for split, stop in partition.slices],
+        "slices": [[split, int(start), int(stop)] for split, start, stop in partition.slices],
         "planned": planned_records(partition),
         "pid": os.getpid(),
     }

@@ -226,12 +226,15 @@ def logged_offset(checkpoint: Path, batch: int, state_dir: Path | None) -> Any:
 
 
 def batches_reading_nothing(checkpoint: Path, state_dir: Path | None = None) -> list[int]:
-    """Batches whose splitflow offset (one source per query) gives no slice a record to read:
-    a batch Spark ran for nothing."""
+    """Batches whose splitflow offset (one source per query) gives no slice of its own a
+    record to read: a batch Spark ran for nothing. An entry is ``[split id, split, start,
+    stop, the batch that read it, (1 if it ends)]``."""
     empty = []
     for batch in log_ids(checkpoint, "offsets"):
-        slots = logged_offset(checkpoint, batch, state_dir)["slots"]
-        if not any(stop > split["position"] for slot in slots for _, split, stop, *_ in slot):
+        offset = logged_offset(checkpoint, batch, state_dir)
+        seq = offset["seq"]
+        slices = [entry[2:5] for slot in offset["slots"] for entry in slot]
+        if not any(stop > start and read_by == seq for start, stop, read_by in slices):
             empty.append(batch)
     return empty
 

@@ -117,14 +117,14 @@ def wal_position(postgres: Postgres) -> int:
 
 
 def log_slices(checkpoint: Path, state_dir: Path) -> dict[int, tuple[int, int]]:
-    """Batch id -> the log split's planned slice ``(position, stop)``, from the offsets."""
+    """Batch id -> the log split's planned slice ``(start, stop)``, from the offsets."""
     slices = {}
     for batch in log_ids(checkpoint, "offsets"):
         offset = logged_offset(checkpoint, batch, state_dir)
         for slot in offset["slots"]:
-            for _, split, stop, *_ in slot:
+            for _, split, start, stop, *_ in slot:
                 if split["kind"] == "log":
-                    slices[batch] = (int(split["position"]), int(stop))
+                    slices[batch] = (int(start), int(stop))
     return slices
 
 
@@ -133,8 +133,8 @@ def chunk_batch(checkpoint: Path, state_dir: Path, table: str) -> int | None:
     for batch in log_ids(checkpoint, "offsets"):
         offset = logged_offset(checkpoint, batch, state_dir)
         for slot in offset["slots"]:
-            for _, split, stop, *_ in slot:
-                if split.get("table") == f"public.{table}" and stop > split["position"]:
+            for _, split, start, stop, *_ in slot:
+                if split.get("table") == f"public.{table}" and stop > start:
                     return batch
     return None
 

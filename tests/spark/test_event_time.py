@@ -239,9 +239,9 @@ def test_a_coarse_index_neither_lets_a_split_past_the_limit_nor_stalls_it(
         for slot in range(planned.parallelism):
             for piece in planned.reading(slot):
                 split = piece.split
-                if split.event_time(split.position) <= limit:
+                if split.event_time(piece.start) <= limit:
                     exact = split.first_after(limit)
-                    straddled += exact - exact % 50_000 <= split.position
+                    straddled += exact - exact % 50_000 <= piece.start
     assert straddled > 0, "no batch put a unit across the limit: the test tests nothing"
 
 

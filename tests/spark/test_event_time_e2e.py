@@ -222,9 +222,9 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
     for before, after in itertools.pairwise(offsets):
         merged = dict(before.get("event_times", {}))
         for slot in before["slots"]:
-            for _, data, stop, *_ in slot:
+            for _, data, start, stop, *_ in slot:
                 split = codec.decode(data, before["codecs"][1])
-                if stop > split.position:
+                if stop > start:
                     latest = split.event_time(stop - 1)
                     merged[split.split_id] = max(merged.get(split.split_id, latest), latest)
         assert after.get("event_times", {}) == merged, f"batch {after['seq']}"
@@ -237,7 +237,7 @@ def test_split_watermarks_survive_a_driver_sigkill_and_a_rescale(tmp_path: Path)
     last_read = {  # how far the last batch left each split
         split.split_id: split.event_time(stop - 1)
         for slot in final["slots"]
-        for _, data, stop, *_ in slot
+        for _, data, _, stop, *_ in slot
         if (split := codec.decode(data, final["codecs"][1]))
     }
     for sid in ("gen-00001", "gen-00002", "gen-00003"):

@@ -95,7 +95,7 @@ def check_event_log(checkpoint: Path, catalog: SequenceCatalog, state_dir: Path)
     for batch, offset in applied.items():
         for partition, (slot, slices) in enumerate(plan_partitions(offset, None)):
             for piece in slices:
-                key = (slot, piece.split.name, piece.split.position, piece.stop, batch, partition)
+                key = (slot, piece.split.name, piece.start, piece.stop, batch, partition)
                 expected[key] += 1
     received = Counter((r[0], r[1], r[2], r[3], r[5], r[6]) for r in state.reports)
     twice = sorted(k for k, n in received.items() if n > 1)

@@ -432,7 +432,7 @@ def assert_progress_is_as_computed_whole(planner: Planner[Any, Any]) -> None:
     held split's position and extent now."""
     planner.progress_splits = 3
     report = planner.lag()
-    slots = planner._slots
+    slots = planner._current()
     held = [split for slot in slots.values() for split in slot.values()]
     extents = planner._settle(planner.coordinator.latest_positions(held))
     lags = {
@@ -452,7 +452,7 @@ def assert_progress_is_as_computed_whole(planner: Planner[Any, Any]) -> None:
     assert all(row["lag"] >= max(unlisted, default=0) for row in listed.values())
 
 
-# -- checkpoints written before format 3 ----------------------------------------------------
+# -- checkpoints written in the formats before -----------------------------------------------
 
 # What splitflow wrote (formats 1 and 2, before slices named the batch that read them) after
 # two batches over splits a (5 records), b (3) and c (0) at parallelism 2: batch 1 read
@@ -522,21 +522,67 @@ FORMAT_2_FILES = {
 }
 
 
+# The same two batches as formats 3 (whole) and 4 (small) wrote them, before slices named
+# where they start: an entry is [split id, split at its start, stop, the batch that read it].
+def _split(name: str, position: int) -> dict[str, Any]:
+    return {"name": name, "end": None, "position": position}
+
+
+FORMAT_3_OFFSET = {
+    **FORMAT_1_OFFSET,
+    "splitflow": 3,
+    "slots": [
+        [["a", _split("a", 2), 4, 2], ["c", _split("c", 0), 0, 0]],
+        [["b", _split("b", 2), 3, 2]],
+    ],
+}
+FORMAT_4_OFFSET = {**FORMAT_2_OFFSET, "splitflow": 4}
+FORMAT_4_FILES = {
+    **FORMAT_2_FILES,
+    "offsets/snapshot-1.json": {
+        "enumerator": _ENUMERATOR_THEN,
+        "slots": {
+            "0": {"a": ["a", _split("a", 0), 2, 1], "c": ["c", _split("c", 0), 0, 0]},
+            "1": {"b": ["b", _split("b", 0), 2, 1]},
+        },
+        "event_times": {},
+    },
+    "offsets/delta-2.json": {
+        "sub": {
+            "slots": {
+                "sub": {
+                    "0": {"set": {"a": ["a", _split("a", 2), 4, 2]}},
+                    "1": {"set": {"b": ["b", _split("b", 2), 3, 2]}},
+                }
+            }
+        }
+    },
+}
+OLD_FORMATS = {
+    1: (FORMAT_1_OFFSET, None),
+    2: (FORMAT_2_OFFSET, FORMAT_2_FILES),
+    3: (FORMAT_3_OFFSET, None),
+    4: (FORMAT_4_OFFSET, FORMAT_4_FILES),
+}
+
+
 @pytest.mark.parametrize("parallelism", [2, 3])
-@pytest.mark.parametrize("small", [False, True], ids=["format 1", "format 2"])
-def test_a_checkpoint_written_before_format_3_replays_its_batch_and_restarts(
-    tmp_path: Path, small: bool, parallelism: int
+@pytest.mark.parametrize("version", sorted(OLD_FORMATS), ids=lambda v: f"format {v}")
+def test_a_checkpoint_of_a_format_before_replays_its_batch_and_restarts(
+    tmp_path: Path, version: int, parallelism: int
 ) -> None:
+    written, files = OLD_FORMATS[version]
+    small = files is not None
     state = tmp_path / "state" if small else None
-    if state is not None:
-        for name, content in FORMAT_2_FILES.items():
+    if state is not None and files is not None:
+        for name, content in files.items():
             (state / name).parent.mkdir(parents=True, exist_ok=True)
             (state / name).write_text(json.dumps(content))
         events = EventStore(str(state))
         for seq in (1, 2):  # each batch's two tasks wrote their (no) reader events
             for slot in (0, 1):
                 events.write(seq, slot, slot, [])
-    offset = as_spark_stores_it(FORMAT_2_OFFSET if small else FORMAT_1_OFFSET)
+    offset = as_spark_stores_it(written)
     catalog = SequenceCatalog({"a": 5, "b": 3, "c": 0})
     replay = planner(catalog, FakeClock(), state, parallelism)
     assert sorted(records_of(offset, replay)) == [("a", 2), ("a", 3), ("b", 2)]

@@ -95,7 +95,7 @@ def records_of(
         (piece.split.name, position)
         for _, pieces in tasks
         for piece in pieces
-        for position in range(piece.split.position, piece.stop)
+        for position in range(piece.start, piece.stop)
     ]
 
 
@@ -355,7 +355,7 @@ def test_a_held_split_the_enumerator_assigns_again_is_read_to_its_end(
     query = Query(Planner(source_type(catalog, discovery_interval=DISCOVERY), 1, clock=clock))
     query.batch(MaxRecords(8))
     planner = query.planner
-    planner.coordinator.context.assign_splits({0: [planner._slots[0]["a"]]})  # the same split
+    planner.coordinator.context.assign_splits({0: [planner._current()[0]["a"]]})  # the same split
     planner._settle()
     query.drain(MaxRecords(8))
     assert_exactly_once(query.read, [(name, i) for name in "ab" for i in range(10)])
@@ -401,7 +401,7 @@ def batch_offset(*slots: list[tuple[str, int, int]]) -> BatchOffset[SequenceSpli
         seq=1,
         enumerator=AssignerState(),
         slots=tuple(
-            tuple(Slice(SequenceSplit(name, position=start), stop, 1) for name, start, stop in slot)
+            tuple(Slice(SequenceSplit(name), start, stop, 1) for name, start, stop in slot)
             for slot in slots
         ),
     )
@@ -410,7 +410,7 @@ def batch_offset(*slots: list[tuple[str, int, int]]) -> BatchOffset[SequenceSpli
 def tasks_as_ranges(
     tasks: list[tuple[int, list[Slice[SequenceSplit]]]],
 ) -> list[tuple[int, list[tuple[str, int, int]]]]:
-    return [(slot, [(s.split.name, s.split.position, s.stop) for s in ss]) for slot, ss in tasks]
+    return [(slot, [(s.split.name, s.start, s.stop) for s in ss]) for slot, ss in tasks]
 
 
 def test_plan_partitions_is_pure_the_same_offset_gives_the_same_tasks(clock: FakeClock) -> None:
@@ -456,12 +456,12 @@ def test_encode_tasks_encodes_each_task_s_splits_reusing_the_offset_s_encodings(
         version, kept = planned.split_encodings
         assert version == codec.version
         reading = [s for slot in range(2) for s in planned.reading(slot)]
-        assert {id(s.split) for s in reading} == kept.keys()
+        assert {id(s.body) for s in reading} == kept.keys()
         decoded = BatchOffset.decode(end, planner.source)  # another process: nothing kept
         assert decoded.split_encodings is None
         for cap in (None, 4):
             anew = [
-                (slot, [(codec.encode(s.split), s.stop) for s in slices])
+                (slot, [(codec.encode(s.body), s.start, s.stop) for s in slices])
                 for slot, slices in plan_partitions(planned, cap)
             ]
             assert anew
@@ -470,7 +470,7 @@ def test_encode_tasks_encodes_each_task_s_splits_reusing_the_offset_s_encodings(
         for (_, encoded), (_, slices) in zip(
             encode_tasks(planned, codec, None), plan_partitions(planned, None), strict=True
         ):
-            assert all(e is kept[id(s.split)] for (e, _), s in zip(encoded, slices, strict=True))
+            assert all(e is kept[id(s.body)] for (e, *_), s in zip(encoded, slices, strict=True))
         # encodings of another codec version are not used
         object.__setattr__(
             planned, "split_encodings", (version + 1, {key: {"name": "bogus"} for key in kept})
@@ -521,11 +521,11 @@ def test_plan_partitions_covers_every_slice_exactly_in_tasks_of_at_most_n(
     pieces: dict[str, list[tuple[int, int]]] = {}
     for slot, task in tasks:
         assert task, "no empty task"
-        assert all(s.stop > s.split.position for s in task), "no empty slice in a task"
+        assert all(s.stop > s.start for s in task), "no empty slice in a task"
         assert cap is None or sum(s.records for s in task) <= cap
         for piece in task:
             assert piece.split.name in {name for name, _, _ in slots[slot]}, "stays in its slot"
-            pieces.setdefault(piece.split.name, []).append((piece.split.position, piece.stop))
+            pieces.setdefault(piece.split.name, []).append((piece.start, piece.stop))
     for slot_id, slot in enumerate(slots):
         for name, start, stop in slot:
             ranges = pieces.get(name, [])
@@ -1285,8 +1285,9 @@ def test_a_planner_told_only_what_changed_plans_what_one_asking_every_split_plan
             totals: Counter[int] = Counter()
             for sid, row in table.row_of.items():
                 slot = planner._slot_of[sid]
-                position = planner._slots[slot][sid].position
+                position = planner._pieces[slot][sid].stop
                 assert (table.slot[row], table.position[row]) == (slot, position)
+                assert planner._current()[slot][sid].position == position
                 if (extent := planner._extent_of.get(sid)) is not None:
                     totals[slot] += max(0, extent.exists_to - position)
             lags = table.slot_lags(table.lags(), planner.parallelism)

@@ -336,7 +336,7 @@ def remove_gone_under_a_planned_batch(
     def reading_gone() -> bool:
         return any(
             t["outcome"] == "started"
-            and ["gone", 20] in [[s["name"], stop] for s, stop in t["slices"]]
+            and ["gone", 20] in [[s["name"], stop] for s, _, stop in t["slices"]]
             for t in read_task_log(tasks)
         )
 

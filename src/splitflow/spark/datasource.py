@@ -52,7 +52,7 @@ from splitflow.reader.output import Collector, RecordingReaderContext
 from splitflow.spark.events import EventStore, decode_events, encode_events
 from splitflow.spark.eventtime import EventTimeCollector, EventTimeSettings
 from splitflow.spark.limits import ReadAll, ReadLimit
-from splitflow.spark.offset import BatchOffset, encode_tasks
+from splitflow.spark.offset import BatchOffset, at, encode_tasks
 from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 from splitflow.spark.planner import Planner, collect_garbage_less_often
 
@@ -154,7 +154,8 @@ class SplitflowDataSource(DataSource):
 
 @dataclass
 class SlicePartition(InputPartition):
-    """Task ``index`` of batch ``seq``: slot ``slot`` reads ``[(encoded split, stop), ...]``.
+    """Task ``index`` of batch ``seq``: slot ``slot`` reads ``[(encoded split, start, stop),
+    ...]`` (each split from ``start``: it may be encoded at another position).
 
     ``events`` are the enumerator's events for the slot's reader (encoded).
     """
@@ -163,7 +164,7 @@ class SlicePartition(InputPartition):
     slot: int
     seq: int
     split_codec: int
-    slices: list[tuple[dict[str, Any], int]]
+    slices: list[tuple[dict[str, Any], int, int]]
     events: list[str]
 
     def __init__(
@@ -172,7 +173,7 @@ class SlicePartition(InputPartition):
         slot: int,
         seq: int,
         split_codec: int,
-        slices: list[tuple[dict[str, Any], int]],
+        slices: list[tuple[dict[str, Any], int, int]],
         events: list[str],
     ) -> None:
         super().__init__(index)
@@ -244,9 +245,10 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     """Read one task's slices with the source's own reader; yield its records."""
     source = _cached_source(data_source)
     codec = source.split_codec
-    splits = [codec.decode(data, partition.split_codec) for data, _ in partition.slices]
+    version = partition.split_codec
+    splits = [at(codec.decode(data, version), start) for data, start, _ in partition.slices]
     stops = {
-        split.split_id: stop for split, (_, stop) in zip(splits, partition.slices, strict=True)
+        split.split_id: stop for split, (*_, stop) in zip(splits, partition.slices, strict=True)
     }
     context = RecordingReaderContext(partition.slot)  # events go to the state dir
     reader = source.create_reader(context)

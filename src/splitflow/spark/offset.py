@@ -17,24 +17,33 @@ from splitflow.errors import IncompatibleCheckpointError
 from splitflow.spark.events import decode_events, encode_events
 from splitflow.spark.snapshots import StateRef
 
-OFFSET_FORMAT = 3
-"""The whole offset's format: 3 since each slice names the batch that read it."""
+OFFSET_FORMAT = 5
+"""The whole offset's format: 5 since each slice names where it starts (its split is
+encoded as it was assigned, not moved to each new position)."""
+FORMAT_3 = 3
+"""The format before, still read: a slice starts at its split's position, and names the
+batch that read it."""
 OLD_OFFSET_FORMAT = 1
-"""The format before, still read: its slices that read are read by the offset's batch."""
+"""The format before 3, still read: its slices that read are read by the offset's batch."""
 
 
 class Slice(NamedTuple, Generic[SplitT]):
-    """Where split ``split`` is after a batch: at ``stop``, having been read from
-    ``split.position`` up to ``stop`` (exclusive) by batch ``seq`` (0: not read since it
-    was assigned or moved back). A batch reads the slices it names (``seq`` is its own); the
-    others stay as the batch that read them left them, the same objects from offset to
-    offset. ``ends``: ``stop`` is the split's final position, so the split is finished after
-    the batch.
+    """Where a split is after a batch: at ``stop``, having been read from ``start`` up to
+    ``stop`` (exclusive) by batch ``seq`` (0: not read since it was assigned or moved
+    back). A batch reads the slices it names (``seq`` is its own); the others stay as the
+    batch that read them left them, the same objects from offset to offset. ``ends``:
+    ``stop`` is the split's final position, so the split is finished after the batch.
+
+    ``body`` is the split object as it was assigned (or restored): its own ``position`` is
+    where it was then, not where the slice starts, so that a batch that reads the split
+    makes no new split object and the offset encodes each split once. :attr:`split` is the
+    split at ``start``, as its reader gets it (a new object when it moved since).
 
     A named tuple: immutable like a frozen dataclass, and made in a third of the time (a
     restore at 100k splits makes two per split, a batch one per split it reads)."""
 
-    split: SplitT
+    body: SplitT
+    start: int
     stop: int
     seq: int = 0
     ends: bool = False
@@ -42,7 +51,17 @@ class Slice(NamedTuple, Generic[SplitT]):
     @property
     def records(self) -> int:
         """What batch :attr:`seq` read of the split."""
-        return max(0, self.stop - self.split.position)
+        return max(0, self.stop - self.start)
+
+    @property
+    def split(self) -> SplitT:
+        """The split at :attr:`start`, where the slice's reader begins."""
+        return at(self.body, self.start)
+
+
+def at(split: SplitT, position: int) -> SplitT:
+    """``split`` at ``position``: itself when it is there."""
+    return split if split.position == position else with_position(split, position)
 
 
 @dataclass(frozen=True)
@@ -106,11 +125,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     def resumes(self) -> dict[int, list[tuple[SplitT, Slice[SplitT]]]]:
         """:meth:`reader_states`, each split with its slice in this offset."""
         return {
-            slot: [
-                (s.split if s.stop == s.split.position else with_position(s.split, s.stop), s)
-                for s in slices
-                if not s.ends
-            ]
+            slot: [(at(s.body, s.stop), s) for s in slices if not s.ends]
             for slot, slices in enumerate(self.slots)
         }
 
@@ -132,7 +147,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 "the initial offset holds no state: only the planner that made it knows it"
             )
         version = data.get("splitflow")
-        if version not in (OFFSET_FORMAT, OLD_OFFSET_FORMAT):
+        if version not in (OFFSET_FORMAT, FORMAT_3, OLD_OFFSET_FORMAT):
             raise IncompatibleCheckpointError(
                 "splitflow offset in the Spark checkpoint", found=version, expected=OFFSET_FORMAT
             )
@@ -143,7 +158,21 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         if version == OFFSET_FORMAT:
             slots = tuple(
                 tuple(
-                    Slice(codec.decode(s, split_version), int(stop), int(read_by), bool(ends))
+                    Slice(
+                        codec.decode(s, split_version),
+                        int(start),
+                        int(stop),
+                        int(read_by),
+                        bool(ends),
+                    )
+                    for _, s, start, stop, read_by, *ends in slot
+                )
+                for slot in data["slots"]
+            )
+        elif version == FORMAT_3:  # a slice starts at its split's position
+            slots = tuple(
+                tuple(
+                    _format_3_slice(codec.decode(s, split_version), int(stop), int(read_by), ends)
                     for _, s, stop, read_by, *ends in slot
                 )
                 for slot in data["slots"]
@@ -174,21 +203,27 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         )
 
 
+def _format_3_slice(split: SplitT, stop: int, seq: int, ends: Sequence[Any]) -> Slice[SplitT]:
+    return Slice(split, split.position, stop, seq, bool(ends))
+
+
 def _format_1_slice(split: SplitT, stop: int, seq: int, ends: bool) -> Slice[SplitT]:
-    return Slice(split, stop, seq if stop > split.position else 0, ends)
+    return Slice(split, split.position, stop, seq if stop > split.position else 0, ends)
 
 
 class OffsetEncoder(Generic[SplitT, EnumStateT]):
     """Encodes one planner's offsets, each reusing what the one before it encoded.
 
-    A slot's slices are encoded as a list of entries ``[split id, split, stop, seq, (1 if
-    it ends)]`` in the slot's order. Splits and slices are immutable and a batch changes
-    few of them (those it reads), so when a slot holds the same splits in the same order as
-    in the offset encoded last, the slices that are not the same objects as then are found
-    by identity at C speed, and only their entries are made anew: the others are the same
-    list objects as before (which :func:`~splitflow.spark.offsetstate.difference` skips by
-    identity). A slot whose splits changed is encoded whole, reusing each split's encoding.
-    After a restore, the offset restored from counts as the one encoded last (:meth:`seed`).
+    A slot's slices are encoded as a list of entries ``[split id, split, start, stop, seq,
+    (1 if it ends)]`` in the slot's order. Splits and slices are immutable and a batch
+    changes few of them (those it reads), so when a slot holds the same splits in the same
+    order as in the offset encoded last, the slices that are not the same objects as then
+    are found by identity at C speed, and only their entries are made anew: the others are
+    the same list objects as before (which :func:`~splitflow.spark.offsetstate.difference`
+    skips by identity). A slice's split is the object assigned, whatever the batches read,
+    so a new entry keeps the encoding of its split (encoded once, when it was assigned). A
+    slot whose splits changed is encoded whole, reusing each split's encoding. After a
+    restore, the offset restored from counts as the one encoded last (:meth:`seed`).
 
     Called by: the planner, one offset at a time.
     """
@@ -233,20 +268,20 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 if len(last) == len(slices)
                 else None
             )
-            if moved is not None and all(slices[i].split.split_id == was[i][0] for i in moved):
+            if moved is not None and all(slices[i].body.split_id == was[i][0] for i in moved):
                 now = list(was)
                 for i in moved:
-                    now[i] = self._entry(slices[i], last[i].split, was[i])
+                    now[i] = self._entry(slices[i], last[i].body, was[i])
                 entries.append(now)
                 changed.append([now[i] for i in moved if now[i] is not was[i]])
                 new = moved
             else:
                 before = self._entries_by_id() if self._seeded else _by_id(last, was)
-                now = [self._entry(s, *before.get(s.split.split_id, (None, None))) for s in slices]
+                now = [self._entry(s, *before.get(s.body.split_id, (None, None))) for s in slices]
                 entries.append(now)
                 changed.append(None)
                 new = list(range(len(slices)))
-            reads.update((id(slices[i].split), now[i][1]) for i in new if slices[i].seq == seq)
+            reads.update((id(slices[i].body), now[i][1]) for i in new if slices[i].seq == seq)
         self.since = self._entries if self._slots else None
         self._slots, self._entries, self.changed = offset.slots, entries, changed
         self._seeded, self._by_id = False, None
@@ -276,33 +311,37 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
 
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
-        tail = [piece.stop, piece.seq, 1] if piece.ends else [piece.stop, piece.seq]
+        tail = [piece.start, piece.stop, piece.seq]
+        if piece.ends:
+            tail.append(1)
         if entry is None:
-            return [piece.split.split_id, self._codec.encode(piece.split), *tail]
-        if piece.split is not split:  # moved on (a batch read it): its id is the entry's
-            return [entry[0], self._codec.encode(piece.split), *tail]
+            return [piece.body.split_id, self._codec.encode(piece.body), *tail]
+        if piece.body is not split:  # another object (assigned again): its id is the entry's
+            return [entry[0], self._codec.encode(piece.body), *tail]
         return entry if entry[2:] == tail else [entry[0], entry[1], *tail]
 
 
 def _by_id(
     slices: Sequence[Slice[SplitT]], entries: Sequence[list[Any]]
 ) -> dict[str, tuple[SplitT, list[Any]]]:
-    return {s.split.split_id: (s.split, e) for s, e in zip(slices, entries, strict=True)}
+    return {s.body.split_id: (s.body, e) for s, e in zip(slices, entries, strict=True)}
 
 
 def encode_tasks(
     end: BatchOffset[SplitT, EnumStateT], codec: Codec[SplitT], max_records_per_task: int | None
-) -> list[tuple[int, list[tuple[Any, int]]]]:
+) -> list[tuple[int, list[tuple[Any, int, int]]]]:
     """The tasks of a batch (:func:`plan_partitions`), each a slot and its slices as
-    ``(encoded split, stop)``: a split's encoding in the offset where the encoder kept it
-    (:attr:`BatchOffset.split_encodings`, of the same codec version), else made now."""
+    ``(encoded split, start, stop)``: a split's encoding in the offset where the encoder
+    kept it (:attr:`BatchOffset.split_encodings`, of the same codec version), else made now.
+    The encoded split may be at another position than ``start`` (:class:`Slice`): the task
+    moves it there (:func:`at`)."""
     kept = end.split_encodings
     known = kept[1] if kept is not None and kept[0] == codec.version else {}
     encode = codec.encode
     return [
         (
             slot,
-            [(known.get(id(s.split)) or encode(s.split), s.stop) for s in slices],
+            [(known.get(id(s.body)) or encode(s.body), s.start, s.stop) for s in slices],
         )
         for slot, slices in plan_partitions(end, max_records_per_task)
     ]
@@ -325,13 +364,10 @@ def plan_partitions(
         current: list[Slice[SplitT]] = []
         size = 0
         for piece in end.reading(slot_id):
-            start = piece.split.position
+            start = piece.start
             while start < piece.stop:
                 take = min(piece.stop - start, cap - size)
-                split = piece.split
-                if start != split.position:  # only a slice cut by max_records_per_task moves
-                    split = with_position(split, start)
-                current.append(Slice(split, start + take, piece.seq))
+                current.append(Slice(piece.body, start, start + take, piece.seq))
                 size += take
                 start += take
                 if size >= cap:

@@ -1,11 +1,11 @@
 """Small offsets: with ``stateDir``, the bulk of each offset lives in the state directory.
 
 Without a state directory, Spark's offset of a batch is the whole checkpoint of the source
-(:class:`~splitflow.spark.offset.BatchOffset`, format 3): the enumerator's state, every
+(:class:`~splitflow.spark.offset.BatchOffset`, format 5): the enumerator's state, every
 slot's splits with their slices, each split's watermark. That grows with the number of
 live splits (about 100 bytes each), and Spark parses it several times per batch and keeps a
 hundred of them. With a state directory the planner hands Spark a small offset instead
-(format 4): the same offset with those three parts (the *state*) moved into files, and a
+(format 6): the same offset with those three parts (the *state*) moved into files, and a
 :class:`~splitflow.spark.snapshots.StateRef` naming the files in their place::
 
     <stateDir>/offsets/snapshot-<n>.json   the state of batch n, whole
@@ -17,7 +17,7 @@ token, the number of slots and the state's reference (a snapshot and at most
 :data:`COMPACT_EVERY` deltas).
 
 **The state** is one JSON document: ``{"enumerator": <the enumerator's state>, "slots":
-{"<slot>": {"<split id>": [split id, split, stop, seq, (1 if it ends)]}}, "event_times":
+{"<slot>": {"<split id>": [split id, split, start, stop, seq, (1 if it ends)]}}, "event_times":
 {...}}``, the slices as the whole offset writes them, keyed by slot and split id. A delta
 is a structural difference of two such documents (:func:`difference`): for each object,
 the members set (new or changed), dropped, and the nested objects that changed; arrays and
@@ -37,7 +37,7 @@ restores the coordinator from the expanded offset, through the same path as befo
 
 A new snapshot is written every :data:`COMPACT_EVERY` batches, or sooner once the deltas
 since the last one add up to half its size (a run that loaded an offset goes on from its
-files, unless they are of format 2); so a restore reads the snapshot and at most
+files, unless they are of an older format); so a restore reads the snapshot and at most
 :data:`COMPACT_EVERY` deltas, about one and a half times the state.
 """
 
@@ -48,14 +48,15 @@ from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError, ConfigurationError
-from splitflow.spark.offset import OFFSET_FORMAT, OLD_OFFSET_FORMAT
+from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, OLD_OFFSET_FORMAT
 from splitflow.spark.snapshots import SnapshotLog, StateRef, to_json
 from splitflow.spark.statedir import StateStore
 
-FULL, SMALL = OFFSET_FORMAT, 4
+FULL, SMALL = OFFSET_FORMAT, 6
 """The offset formats: the whole checkpoint, and the one whose state is in files."""
-OLD_FULL, OLD_SMALL = OLD_OFFSET_FORMAT, 2
-"""The formats before slices named the batch that read them (read, not written)."""
+WHOLE_OF = {SMALL: FULL, 4: FORMAT_3, 2: OLD_OFFSET_FORMAT}
+"""Each small format, read, and the whole format of its time: 4 and 3 before slices named
+where they start, 2 and 1 before slices named the batch that read them."""
 
 COMPACT_EVERY = 20
 """A state is written whole again after at most this many deltas."""
@@ -206,10 +207,10 @@ class OffsetState(SnapshotLog):
 
     def expand(self, offset: Mapping[str, Any]) -> JsonDict:
         """``offset`` whole: a small offset with its state read back from files (later
-        writes build on it), in the whole format of its time (3, or 1 for a small offset
-        of format 2); a whole offset as it is."""
+        writes build on it), in the whole format of its time (:data:`WHOLE_OF`); a whole
+        offset as it is."""
         small = offset.get("splitflow")
-        if small not in (SMALL, OLD_SMALL):
+        if small not in WHOLE_OF:
             return dict(offset)
         ref = StateRef.decode(offset["state"])
         snapshot, deltas, sizes = self._read_all(ref)
@@ -226,7 +227,7 @@ class OffsetState(SnapshotLog):
                 path=self.root,
             )
         whole = [[slot[sid] for sid in sorted(slot)] for slot in slots]
-        # The next state is written as a delta of this one, or whole (after a state of the
+        # The next state is written as a delta of this one, or whole (after a state of a
         # format before, whose entries a delta would leave in their old form).
         self._ref, self._state, self._slots = ref, state, whole
         self._base_bytes, self._delta_bytes = (
@@ -235,7 +236,7 @@ class OffsetState(SnapshotLog):
         kept = {k: v for k, v in offset.items() if k not in ("state", "parallelism")}
         return {
             **kept,
-            "splitflow": FULL if small == SMALL else OLD_FULL,
+            "splitflow": WHOLE_OF[small],
             "enumerator": state["enumerator"],
             "slots": whole,
             **({"event_times": state["event_times"]} if state["event_times"] else {}),
@@ -244,7 +245,7 @@ class OffsetState(SnapshotLog):
 
 def expand_offset(offset: Mapping[str, Any], state: OffsetState | None) -> JsonDict:
     """``offset`` whole, read back with ``state`` (the query's ``stateDir``)."""
-    if offset.get("splitflow") in (SMALL, OLD_SMALL) and state is None:
+    if offset.get("splitflow") in WHOLE_OF and state is None:
         raise ConfigurationError(
             f"option stateDir: the checkpoint keeps the state of batch {offset.get('seq')} "
             "in a state directory; run the query with its stateDir",

@@ -44,7 +44,7 @@ from splitflow.api.events import (
     SplitsRemovedEvent,
 )
 from splitflow.api.source import ReadPinner, Source, SupportsPinnedReads
-from splitflow.api.split import JsonDict, LedgerCodec, SplitT, with_position
+from splitflow.api.split import JsonDict, LedgerCodec, SplitT
 from splitflow.coordinator.checkpoint import redistribute_reader_states
 from splitflow.coordinator.coordinator import (
     AddSplits,
@@ -72,7 +72,7 @@ from splitflow.spark.limits import (
     largest,
     reads_under,
 )
-from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, OffsetEncoder, Slice
+from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, OffsetEncoder, Slice, at
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
@@ -127,7 +127,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._clock = clock
         self._coordinator: SourceCoordinator[SplitT, EnumStateT] | None = None
         self._scheduler = ManualScheduler()
+        # Each slot's held splits (split id -> split), each at its position but those in
+        # _stale: a batch that reads a split moves only its slice (_pieces) and its row in
+        # _table on, and the split object is brought to the slice's stop (_current) only
+        # when the enumerator is to see it.
         self._slots: dict[int, dict[str, SplitT]] = {}
+        self._stale: set[str] = set()
         self._last: BatchOffset[SplitT, EnumStateT] | None = None
         self._pumped_at = 0.0
         self._last_batch_at = 0.0
@@ -175,6 +180,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._owner.begin(restore_from.owner if restore_from else None)
         self._scheduler = ManualScheduler()
         self._slots = {slot: {} for slot in range(self.parallelism)}
+        self._stale = set()
         self._pieces = {slot: {} for slot in range(self.parallelism)}
         self._unsorted = set()
         self._slot_of = {}
@@ -282,6 +288,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 zip(ids, map(self._new_piece, ids, message.splits), strict=True)
             )
             self._slot_of.update(dict.fromkeys(ids, reader_id))
+            self._stale.difference_update(ids)
             self._table.add(ids, reader_id, [split.position for split in message.splits])
             self._changed.update(ids)
             self._unknown.update(ids)
@@ -302,7 +309,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         resumed = self._resumes.get(split_id)
         if resumed is not None and resumed[0] is split:
             return resumed[1]
-        return Slice(split, split.position)
+        return Slice(split, split.position, split.position)
 
     # -- driving the coordinator ------------------------------------------------------------
 
@@ -402,7 +409,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         if self._aligner is not None:
             held = {
                 sid: split
-                for slot in self._slots.values()
+                for slot in self._current().values()
                 for sid, split in slot.items()
                 if sid in extents
             }
@@ -566,11 +573,12 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _rewind(self, event: SliceEndedEvent) -> None:
         """A reader ended a slice early: the split's next slice starts where it ended."""
         sid = event.split_id
-        slot = self._slots.get(self._slot_of.get(sid, -1), {})
-        split = slot.get(sid)
-        if split is not None and event.position < split.position:
-            slot[sid] = with_position(split, event.position)
-            self._pieces[self._slot_of[sid]][sid] = Slice(slot[sid], event.position)
+        piece = self._pieces.get(self._slot_of.get(sid, -1), {}).get(sid)
+        if piece is not None and event.position < piece.stop:
+            self._pieces[self._slot_of[sid]][sid] = Slice(
+                piece.body, event.position, event.position
+            )
+            self._stale.add(sid)
             self._table.move([sid], [event.position])
             self._changed.add(sid)
 
@@ -644,7 +652,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         tracked = self._settle(coordinator.changed_positions(self._token))
         if tracked is None:  # ask for every held split
             self._token, self._unknown = None, set()
-            held = [s for slot in self._slots.values() for s in slot.values()]
+            held = [s for slot in self._current().values() for s in slot.values()]
             extents = dict(self._settle(coordinator.latest_positions(held))) if held else {}
             moved = _changed_keys(self._extent_of, extents, is_not)
             self._extent_of = extents
@@ -654,7 +662,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         extents = self._extent_of
         if first:  # at a start, or after the source could not tell: ask for every split
             extents.clear()
-            ask = [s for slot in self._slots.values() for s in slot.values()]
+            ask = [s for slot in self._current().values() for s in slot.values()]
             asked, self._unknown = set(self._slot_of), set()
             changed = None
         else:
@@ -669,7 +677,8 @@ class Planner(Generic[SplitT, EnumStateT]):
                     else:
                         extents[sid] = extent
             asked, self._unknown = self._unknown, set()  # splits assigned from now: next call
-            ask = [self._slots[self._slot_of[sid]][sid] for sid in sorted(asked)]
+            slots = self._current(asked)
+            ask = [slots[self._slot_of[sid]][sid] for sid in sorted(asked)]
         told = self._settle(coordinator.latest_positions(ask)) if ask else {}
         asked = asked & self._slot_of.keys()  # not those that left their slot meanwhile
         kept = told.keys() & asked  # what the source was asked and told, nothing else
@@ -683,6 +692,20 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._learnt(changed)
         return extents
 
+    def _current(self, sids: Iterable[str] | None = None) -> dict[int, dict[str, SplitT]]:
+        """:attr:`_slots` with every split (or those ``sids`` names) at its position: the
+        stop of its slice."""
+        stale = self._stale if sids is None else self._stale.intersection(sids)
+        for sid in stale:
+            slot_id = self._slot_of[sid]
+            piece = self._pieces[slot_id][sid]
+            self._slots[slot_id][sid] = at(piece.body, piece.stop)
+        if sids is None:
+            self._stale = set()
+        else:
+            self._stale -= stale
+        return self._slots
+
     def _learnt(self, moved: Iterable[str] | None) -> None:
         """The extents of held splits ``moved`` (None: every held split) into the table."""
         capped = self._cap if self._target is not None else None
@@ -691,6 +714,7 @@ class Planner(Generic[SplitT, EnumStateT]):
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
         self._table.remove(split_id)
+        self._stale.discard(split_id)
         slot_id = self._slot_of.pop(split_id, None)
         if slot_id is not None:
             self._pieces[slot_id].pop(split_id, None)
@@ -735,7 +759,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
-            if slot_id is not None and self._slots[slot_id][sid].position >= boundaries[sid]:
+            if slot_id is not None and self._pieces[slot_id][sid].stop >= boundaries[sid]:
                 reached.setdefault(slot_id, []).append(sid)
         for slot_id, sids in sorted(reached.items()):
             event: SourceEvent = BacklogFinishedEvent(tuple(sorted(sids)))
@@ -776,15 +800,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         the slice object it had (``_pieces``), which saves the encoder and the state file
         their work (:class:`OffsetEncoder`).
         """
-        slot = self._sorted_slot(slot_id)
+        self._sorted_slot(slot_id)
         pieces = self._pieces[slot_id]
         stops = []
-        for sid in read:  # each read split becomes a new object
-            split = slot[sid]
-            stop = split.position + reads[sid]
-            pieces[sid] = Slice(split, stop, seq)
-            slot[sid] = with_position(split, stop)
+        for sid in read:  # a new slice from where the last one stopped, of the same split
+            piece = pieces[sid]
+            stop = piece.stop + reads[sid]
+            pieces[sid] = Slice(piece.body, piece.stop, stop, seq)
             stops.append(stop)
+        self._stale.update(read)
         self._table.move(read, stops)
         if seen := self._boundaries_seen:  # a boundary that changes is checked anyway
             reached = zip(read, stops, strict=True)
@@ -806,7 +830,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         this batch commits). They keep their slice in the offset, marked ``ends``.
         """
         ending = {
-            slot_id: {sid: self._slots[slot_id][sid] for sid in sids}
+            slot_id: [self._pieces[slot_id][sid] for sid in sids]
             for slot_id, sids in (ends or {}).items()
             if sids
         }
@@ -840,11 +864,11 @@ class Planner(Generic[SplitT, EnumStateT]):
                         (
                             *slices,
                             *(
-                                Slice(split, split.position + reads[sid], seq, ends=True)
-                                for sid, split in ending[slot_id].items()
+                                Slice(p.body, p.stop, p.stop + reads[p.body.split_id], seq, True)
+                                for p in ending[slot_id]
                             ),
                         ),
-                        key=lambda piece: piece.split.split_id,
+                        key=lambda piece: piece.body.split_id,
                     )
                 )
                 read = tuple(p for p in slices if p.seq == seq and p.records > 0)
@@ -862,7 +886,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             to_readers.setdefault(slot_id, []).extend(queued)
         self._to_readers = {}
         if self._event_times:
-            held = {s.split.split_id for slices in slots for s in slices}
+            held = {s.body.split_id for slices in slots for s in slices}
             for sid in [sid for sid in self._event_times if sid not in held]:
                 del self._event_times[sid]  # finished or removed
         self._last = BatchOffset(
@@ -919,19 +943,19 @@ class Planner(Generic[SplitT, EnumStateT]):
             )
         rows = {}
         for sid, slot_id in listed:
-            split = self._slots[slot_id][sid]
+            position = self._pieces[slot_id][sid].stop
             extent = extents.get(sid)
             row = {
                 "owner": slot_id,
-                "position": split.position,
+                "position": position,
                 "latest": None if extent is None else extent.latest,
-                "lag": None if extent is None else max(0, extent.exists_to - split.position),
+                "lag": None if extent is None else max(0, extent.exists_to - position),
             }
             if extent is not None and extent.available is not None:
                 row["available"] = extent.available
             if sid in boundaries:
                 row["backlogBoundary"] = boundaries[sid]
-                row["toBoundary"] = max(0, boundaries[sid] - split.position)
+                row["toBoundary"] = max(0, boundaries[sid] - position)
             row.update(self._split_event_time(sid))
             rows[sid] = row
         return {
