@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.spark.test_offset_state import FORMAT_1_OFFSET
+from tests.spark.test_offset_state import FORMAT_1_OFFSET, OLD_FORMATS
 
 from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
 from splitflow.inspect import format_table, read_checkpoint
@@ -79,9 +79,15 @@ def test_inspect_shows_a_split_the_batch_did_not_read_where_it_is(tmp_path: Path
     assert rows == {"a": (4, 7, 3), "b": (4, 4, 0)}
 
 
-def test_inspect_reads_a_checkpoint_written_before_format_3(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, [FORMAT_1_OFFSET], committed=0)
-    [state] = read_checkpoint(str(tmp_path))
+@pytest.mark.parametrize("version", sorted(OLD_FORMATS), ids=lambda v: f"format {v}")
+def test_inspect_reads_a_checkpoint_of_a_format_before(tmp_path: Path, version: int) -> None:
+    offset, files = OLD_FORMATS[version]
+    state_dir = tmp_path / "state"
+    for name, content in (files or {}).items():
+        (state_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (state_dir / name).write_text(json.dumps(content))
+    write_checkpoint(tmp_path / "chk", [offset], committed=0)
+    [state] = read_checkpoint(str(tmp_path / "chk"), state_dir=str(state_dir) if files else None)
     rows = {r.split_id: (r.owner, r.start, r.stop) for r in state.splits}
     assert rows == {"a": (0, 2, 4), "c": (0, 0, 0), "b": (1, 2, 3)}
 

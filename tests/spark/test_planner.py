@@ -4,7 +4,7 @@
 in-memory :class:`~splitflow.testing.SequenceCatalog`, and a :class:`Query` that makes
 Spark's calls (``initialOffset``, ``latestOffset(start, limit)``, ``partitions(start, end)``,
 ``commit(end)``) with every offset passed through JSON, as Spark persists it. "Reading" a
-batch collects the records ``[split.position, stop)`` of every slice ``plan_partitions``
+batch collects the records ``[start, stop)`` of every slice ``plan_partitions``
 gives; across batches (and across planners, after a crash or a rescale) that must be every
 record of the catalog, exactly once.
 """

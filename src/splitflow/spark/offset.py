@@ -234,9 +234,9 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         self._slots: Sequence[Sequence[Slice[SplitT]]] = ()
         self._entries: list[list[list[Any]]] = []
         self.changed: list[list[list[Any]] | None] = []
-        """Per slot of the offset encoded last: the entries that are new (their split, stop
-        or seq changed; the others are as in :attr:`since`), or None when the slot was encoded
-        whole."""
+        """Per slot of the offset encoded last: the entries that are new (their split, start,
+        stop or seq changed; the others are as in :attr:`since`), or None when the slot was
+        encoded whole."""
         self.since: list[list[list[Any]]] | None = None
         """The ``slots`` of the offset encoded before the last one (what :attr:`changed`
         is relative to)."""

@@ -794,7 +794,8 @@ class Planner(Generic[SplitT, EnumStateT]):
     ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
         """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``reads``
         records (split id -> records, none 0) of its splits ``read`` (in split id order),
-        and the slices of those; its read splits are moved on to where the batch stops.
+        and the slices of those; its read splits' slices and rows move on to where the batch
+        stops (the split objects stay: :meth:`_current`).
 
         Only the slices of the splits the batch reads are made anew: every other split keeps
         the slice object it had (``_pieces``), which saves the encoder and the state file
