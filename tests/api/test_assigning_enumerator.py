@@ -779,3 +779,53 @@ def test_a_state_encoded_before_backlog_tracking_decodes_without_boundaries() ->
     state = codec.decode(old, 1)
     assert state.backlog == {}
     assert not state.backlog_held
+
+
+def test_snapshots_share_what_stayed_the_same_and_hold_every_change() -> None:
+    """A snapshot shares the enumerator's copy of its assignments and of its boundaries with
+    the snapshot before while they stay the same, encoded as the same objects too (Spark's
+    runtime compares each batch's state with the last: unchanged by identity), and holds a
+    new copy after any change to them."""
+    catalog = Catalog(S("a"), S("b"), S("c"))
+    h = make_latest(catalog, {"a": 10, "b": 20, "c": 30, "d": 40})
+    register(h, 0, 1)
+    codec = AssignerStateCodec(DataclassCodec(Split))
+    first, again = snapshot(h), snapshot(h)
+    assert again.assigned is first.assigned
+    assert again.backlog is first.backlog
+    assert codec.encode(again)["assigned"] is codec.encode(first)["assigned"]
+
+    def is_now(state: AssignerState[Split]) -> None:
+        assert state.assigned == {**h.enumerator.awaiting_report(), **h.enumerator.owners()}
+        assert state.backlog == h.enumerator._backlog  # not the copy it keeps
+
+    owner = h.enumerator.owners()
+    changes = [
+        lambda: h.coordinator.handle_source_event(owner["a"], BacklogFinishedEvent(("a",))),
+        lambda: h.coordinator.handle_source_event(owner["b"], SplitsFinishedEvent(("b",))),
+        lambda: h.coordinator.handle_source_event(owner["c"], BacklogStartedEvent.of({"c": 90})),
+    ]
+    for change in changes:
+        before = snapshot(h)
+        h.run(change())
+        after = snapshot(h)
+        is_now(after)
+        assert after != before
+    catalog.add(S("d"))  # discovered: assigned, with a boundary
+    h.scheduler.advance(10.0)
+    is_now(snapshot(h))
+    assert "d" in snapshot(h).assigned
+    catalog.remove("c")  # vanished: unassigned, no boundary
+    h.scheduler.advance(10.0)
+    is_now(snapshot(h))
+    assert "c" not in snapshot(h).assigned
+    # a restore: the splits await their readers' reports, then are theirs again
+    state = snapshot(h)
+    restored = make_latest(catalog, {"a": 10, "d": 40}, state=state)
+    waiting = snapshot(restored)
+    assert waiting.assigned == restored.enumerator.awaiting_report() == state.assigned
+    for reader in (0, 1):
+        held = [S(sid) for sid, r in state.assigned.items() if r == reader]
+        restored.run(restored.coordinator.register_reader(reader, reported_splits=held))
+    assert restored.enumerator.awaiting_report() == {}
+    assert snapshot(restored).assigned == restored.enumerator.owners() == state.assigned

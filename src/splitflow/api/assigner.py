@@ -80,6 +80,13 @@ class AssignerState(Generic[SplitT]):
     backlog_held: bool = False
 
 
+def _as_dict(mapping: Mapping[str, int]) -> dict[str, int]:
+    """``mapping`` as a JSON object: itself when it is a dict (a state's mappings are not
+    changed once made, and a snapshot's encoding that shares them with the one before is
+    found unchanged by identity), else a copy."""
+    return mapping if type(mapping) is dict else dict(mapping)
+
+
 class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
     """Encodes :class:`AssignerState` compactly: splits via the split codec, ids as strings.
 
@@ -95,10 +102,10 @@ class AssignerStateCodec(LedgerCodec[AssignerState[SplitT]]):
         return {
             "split_codec": self._splits.version,
             "unassigned": {s.split_id: self._splits.encode(s) for s in value.unassigned},
-            "assigned": dict(value.assigned),
+            "assigned": _as_dict(value.assigned),
             "finished": sorted(value.finished),
             "discovered": value.discovered,
-            "backlog": dict(value.backlog),
+            "backlog": _as_dict(value.backlog),
             "backlog_held": value.backlog_held,
         }
 
@@ -180,6 +187,12 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         self._removed: set[str] = set()  # removed upstream in this run: reports are stale
         self._backlog: dict[str, int] = dict(state.backlog)  # split id -> boundary
         self._backlog_held = state.backlog_held
+        # Copies of _awaiting + _owner and of _backlog for snapshots and backlog_boundaries,
+        # made again only after a change (None): unchanged snapshots share them, so a runtime
+        # that compares snapshot after snapshot (Spark's, every batch) finds them the same
+        # by identity instead of comparing every split's entry.
+        self._assigned_copy: dict[str, int] | None = None
+        self._backlog_copy: dict[str, int] | None = None
         self._listed = False  # a discovery completed in this run
         self._listing: tuple[object, dict[str, SplitT]] = ((), {})  # the last, by split id
         # Counts the changes to the splits known (held or finished) other than by moves
@@ -266,7 +279,9 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         return frozenset(self._finished)
 
     def backlog_boundaries(self) -> Mapping[str, int]:
-        return dict(self._backlog)
+        if self._backlog_copy is None:
+            self._backlog_copy = dict(self._backlog)
+        return self._backlog_copy
 
     # -- SplitEnumerator ------------------------------------------------------------------
 
@@ -318,17 +333,19 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         elif isinstance(event, BacklogStartedEvent):
             known = self._unassigned.keys() | self._owner.keys() | self._awaiting.keys()
             self._backlog.update((s, b) for s, b in event.boundaries if s in known)
+        self._backlog_copy = None
         self._signal_backlog()
 
     def snapshot_state(self, checkpoint_id: int) -> AssignerState[SplitT]:
-        assigned = dict(self._awaiting)
-        assigned.update(self._owner)
+        if self._assigned_copy is None:
+            self._assigned_copy = dict(self._awaiting)
+            self._assigned_copy.update(self._owner)
         return AssignerState(
             unassigned=tuple(self._unassigned.values()),
-            assigned=assigned,
+            assigned=self._assigned_copy,
             finished=frozenset(self._finished),
             discovered=self._discovered,
-            backlog=dict(self._backlog),
+            backlog=self.backlog_boundaries(),
             backlog_held=self._backlog_held,
         )
 
@@ -348,6 +365,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             self._preferred.pop(sid, None)
             self._backlog.pop(sid, None)
             self._removed.add(sid)
+        self._assigned_copy = self._backlog_copy = None
         registered = self.context.registered_readers()
         for owner, sids in sorted(by_owner.items()):
             if owner in registered:
@@ -357,12 +375,14 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         owner = self._owner.pop(split_id, None)
         if owner is not None:
             self._owned_by[owner].discard(split_id)
+            self._assigned_copy = None
         self._assigned.pop(split_id, None)
 
     def _take_reported(self, split: SplitT, reader_id: int) -> None:
         sid = split.split_id
         if sid in self._awaiting:  # global restore: the reader's state is the split's state
             del self._awaiting[sid]
+            self._assigned_copy = None
             self._take_back(split, reader_id)
         elif self._rolls_back_with(sid, reader_id):  # partial failover
             self._take_back(split, reader_id)
@@ -457,6 +477,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
             boundary = self.backlog_boundary(split, extents.get(split.split_id), at_start)
             if boundary is not None and boundary > split.position:
                 self._backlog[split.split_id] = boundary
+                self._backlog_copy = None
         self._signal_backlog()
         self._assign_pending()
 
@@ -519,6 +540,7 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
                 del self._unassigned[sid]
                 self._preferred.pop(sid, None)
             self._owner.update(dict.fromkeys(ids, reader))
+            self._assigned_copy = None
             self._owned_by.setdefault(reader, set()).update(ids)
             self._assigned.update(zip(ids, splits, strict=True))
         self.context.assign_splits(assignment)
