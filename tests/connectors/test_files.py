@@ -464,6 +464,52 @@ def test_max_files_per_batch_admits_more_only_once_admitted_files_are_read(
     assert admitted(dict(en.latest_positions(started))) == ["f0", "f1", "f2"]
 
 
+def test_admission_over_many_waiting_files_counts_the_unread_admitted_ones_once(
+    tmp_path: Path,
+) -> None:
+    en = enumerator(tmp_path, max_files_per_batch=3)
+    splits = files(tmp_path, [10] * 50)
+    assert admitted(dict(en.latest_positions(splits))) == ["f0", "f1", "f2"]
+    # asked again before any is read (the planner asks twice in a planning): none more
+    assert admitted(dict(en.latest_positions(splits))) == ["f0", "f1", "f2"]
+    read = [FileSplit(**{**vars(s), "position": 10}) for s in splits[:2]] + splits[2:]
+    assert admitted(dict(en.latest_positions(read))) == ["f0", "f1", "f2", "f3", "f4"]
+
+
+def test_an_extent_answered_again_unchanged_is_the_same_object(tmp_path: Path) -> None:
+    """The planner finds the extents that changed by identity: the same answer is the same
+    object; a changed one (a file admitted, read, vanished) is a new one."""
+    en = enumerator(tmp_path, max_files_per_batch=1)
+    splits = files(tmp_path, [10, 10])
+    first = dict(en.latest_positions(splits))
+    again = dict(en.latest_positions(splits))
+    assert all(again[sid] is first[sid] for sid in first)
+    read = [FileSplit(**{**vars(splits[0]), "position": 10}), splits[1]]
+    now = dict(en.latest_positions(read))
+    waiting = splits[1].split_id
+    assert now[waiting] is not first[waiting]  # admitted: readable to its end now
+    assert now[waiting] == SplitExtent(10, final=True, bytes_per_position=1.0)
+    assert now[splits[0].split_id] is first[splits[0].split_id]
+
+
+def test_a_listing_like_the_last_gives_the_same_splits_and_a_change_new_ones(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "a.json", rows_of("a", 3), "json")
+    en = enumerator(tmp_path)
+    first = en.discover_splits()
+    assert en.discover_splits() is first  # the assigner then compares nothing
+    write(tmp_path, "b.json", rows_of("b", 2), "json")
+    second = en.discover_splits()
+    assert [Path(s.path).name for s in second] == ["a.json", "b.json"]
+    assert second[0] is first[0]  # a file listed again keeps its split
+    write(tmp_path, "a.json", rows_of("a", 5), "json")  # rewritten: another size
+    third = en.discover_splits()
+    assert third[0] is not first[0]
+    assert third[0].size > first[0].size
+    assert third[1] is second[1]
+
+
 def test_latest_first_admits_the_newest(tmp_path: Path) -> None:
     en = enumerator(tmp_path, max_files_per_batch=2, latest_first=True)
     assert admitted(dict(en.latest_positions(files(tmp_path, [10] * 5)))) == ["f3", "f4"]

@@ -752,10 +752,9 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         boundaries = self._settle(self.coordinator.backlog_boundaries())
         seen, self._boundaries_seen = self._boundaries_seen, boundaries
-        check: Iterable[str] = boundaries
-        changed = _changed_keys(seen, boundaries, ne)
-        if changed is not None:  # a split reaches its boundary as it moves, or anew
-            check = changed | ((self._changed | self._reached) & boundaries.keys())
+        # a split reaches its boundary as it moves, or anew
+        changed = _changed_keys(seen, boundaries, ne) & boundaries.keys()
+        check = changed | ((self._changed | self._reached) & boundaries.keys())
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
@@ -1000,12 +999,15 @@ class Planner(Generic[SplitT, EnumStateT]):
 
 def _changed_keys(
     before: Mapping[str, Any], now: Mapping[str, Any], differ: Callable[[Any, Any], bool]
-) -> set[str] | None:
-    """The keys whose values ``differ`` from ``before`` to ``now``, at C speed; None when
-    the two do not have the same keys in the same order."""
-    if len(before) != len(now) or list(before) != list(now):
-        return None
-    return set(itertools.compress(now, map(differ, now.values(), before.values())))
+) -> set[str]:
+    """The keys whose values ``differ`` from ``before`` to ``now``, new keys and those gone:
+    at C speed when the two have the same keys in the same order, else one look-up a key."""
+    if len(before) == len(now) and list(before) == list(now):
+        return set(itertools.compress(now, map(differ, now.values(), before.values())))
+    gone = object()
+    changed = {key for key, value in now.items() if differ(before.get(key, gone), value)}
+    changed.update(key for key in before if key not in now)
+    return changed
 
 
 def collect_garbage_less_often() -> None:

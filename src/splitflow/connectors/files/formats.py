@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -79,9 +79,9 @@ def resolve(uri: str, options: tuple[tuple[str, Any], ...] = ()) -> tuple[pafs.F
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    """A file found by a listing: its path in the filesystem, size and mtime (ns)."""
+class FileEntry(NamedTuple):
+    """A file found by a listing: its path in the filesystem, size and mtime (ns). A named
+    tuple: a listing of every file is made, and compared with the last, at each discovery."""
 
     path: str
     size: int
@@ -139,10 +139,11 @@ def list_files(fs: pafs.FileSystem, base: str, pattern: re.Pattern[str] | None) 
     prefix = base.rstrip("/") + "/"
     found = []
     for info in infos:
-        if info.type != pafs.FileType.File:
+        if not info.is_file:
             continue
         relative = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
-        if any(part.startswith((".", "_")) for part in relative.split("/")):
+        within = "/" + relative  # a part that starts with "." or "_" follows a "/"
+        if "/." in within or "/_" in within:
             continue
         if pattern is not None and not pattern.match(relative):
             continue

@@ -159,9 +159,9 @@ class FilesStateCodec(AssignerStateCodec[FileSplit]):
         )
 
 
-def _extent(latest: int, final: bool) -> SplitExtent:
+def _extent(latest: int, final: bool, available: int | None = None) -> SplitExtent:
     """A split's extent; positions are byte offsets, so one position is one byte."""
-    return SplitExtent(latest, final=final, bytes_per_position=1.0)
+    return SplitExtent(latest, final=final, bytes_per_position=1.0, available=available)
 
 
 class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
@@ -198,6 +198,13 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         self._parts: dict[str, int] = {}  # path -> parts, for files seen in this run
         self._path_of: dict[str, str] = {}  # split id -> path, for splits seen in this run
         self._directory_gone = False  # the last discovery found no directory (warned)
+        # The last listing and its splits: a listing equal to the last gives the same tuple
+        # (the assigner then compares nothing), and a file listed again keeps its splits.
+        self._files_listed: tuple[list[FileEntry], tuple[FileSplit, ...]] = ([], ())
+        self._cuts: dict[FileEntry, list[FileSplit]] = {}
+        # Each split's extent as answered last, answered again while it is the same (the
+        # planner then finds it unchanged by identity): one entry per held split.
+        self._extents: dict[str, SplitExtent] = {}
         # path -> ((size, mtime_ns) read, its event-time index): footers read once per file
         self._times: dict[str, tuple[tuple[int, int], RowGroupTimes | None]] = {}
         context.metrics.gauge("quarantinedRanges", lambda: len(self._quarantine))
@@ -224,7 +231,13 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
             self._directory_gone = True
             return []
         self._directory_gone = False
-        return [split for entry in entries for split in cut(entry, self._source.split_bytes)]
+        if entries == self._files_listed[0]:
+            return self._files_listed[1]
+        cuts, size = self._cuts, self._source.split_bytes
+        self._cuts = {entry: cuts.get(entry) or cut(entry, size) for entry in entries}
+        splits = tuple(split for parts in self._cuts.values() for split in parts)
+        self._files_listed = entries, splits
+        return splits
 
     def on_splits_vanished(self, split_ids: Sequence[str]) -> None:
         """Remembered: ``latest_positions`` decides whether unread bytes were lost."""
@@ -242,11 +255,11 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
             if sid in self._vanished:
                 result[sid] = self._vanished_extent(split)
             elif sid in self._skipped:
-                result[sid] = _extent(split.position, True)
+                result[sid] = self._extent_of(sid, split.position, True)
             elif sid in self._admitted:
                 if split.position > split.start or split.position >= split.end:
                     self._fresh.discard(sid)
-                result[sid] = _extent(split.end, True)
+                result[sid] = self._extent_of(sid, split.end, True)
             else:
                 pending.setdefault(split.path, []).append(split)
                 self._newest = max(self._newest, split.mtime_ns)
@@ -254,18 +267,30 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
             for split in parts:
                 self._admitted.add(split.split_id)
                 self._fresh.add(split.split_id)
-                result[split.split_id] = _extent(split.end, True)
+                result[split.split_id] = self._extent_of(split.split_id, split.end, True)
         for parts in pending.values():
             for split in parts:
-                if split.split_id not in result:
-                    final = split.split_id in self._skipped  # too old: finished unread
-                    result[split.split_id] = SplitExtent(
-                        split.position,
-                        final=final,
-                        bytes_per_position=1.0,
-                        available=None if final else split.end,  # waits for admission
-                    )
+                sid = split.split_id
+                if sid not in result:
+                    final = sid in self._skipped  # too old: finished unread
+                    waits = None if final else split.end  # for admission
+                    result[sid] = self._extent_of(sid, split.position, final, waits)
         return result
+
+    def _extent_of(
+        self, sid: str, latest: int, final: bool, available: int | None = None
+    ) -> SplitExtent:
+        """Split ``sid``'s extent: the one answered last while it is the same."""
+        kept = self._extents.get(sid)
+        if (
+            kept is not None
+            and kept.latest == latest
+            and kept.final == final
+            and kept.available == available
+        ):
+            return kept
+        extent = self._extents[sid] = _extent(latest, final, available)
+        return extent
 
     def event_times(self, splits: Sequence[FileSplit]) -> Mapping[str, int]:
         """The least event time in the next row group of each split (a lower bound of its
@@ -339,7 +364,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
             )
             self._skipped.add(split.split_id)
         self._times.pop(split.path, None)
-        return _extent(split.position, True)
+        return self._extent_of(split.split_id, split.position, True)
 
     def _admit(self, pending: Mapping[str, list[FileSplit]]) -> list[tuple[str, list[FileSplit]]]:
         """Files admitted now, within what is left of this checkpoint's budget."""
@@ -351,6 +376,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         )
         admitted: list[tuple[str, list[FileSplit]]] = []
         too_old = []
+        fresh = self._fresh_files()  # counted once: nothing below changes it
         for path, parts in order:
             if source.max_file_age is not None and not (
                 parts[0].mtime_ns >= self._newest - int(source.max_file_age * 1e9)
@@ -360,7 +386,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
                     self._skipped.add(split.split_id)
                 continue
             limit = source.max_files_per_batch
-            if limit is not None and self._fresh_files() + len(admitted) >= limit:
+            if limit is not None and fresh + len(admitted) >= limit:
                 continue
             admitted.append((path, parts))
         if too_old:
@@ -391,6 +417,7 @@ class FilesEnumerator(AssigningSplitEnumerator[FileSplit]):
         self._fresh.discard(sid)
         self._skipped.discard(sid)
         self._vanished.discard(sid)
+        self._extents.pop(sid, None)
         self._finished_now.add(sid)
         path = self._path_of.pop(sid, sid)
         parts = self._parts.get(path, 1)

@@ -24,8 +24,8 @@ class FileSplit:
     position: int
 
     @property
-    def split_id(self) -> str:
-        return split_id(self.path, self.part, self.parts)
+    def split_id(self) -> str:  # split_id(self.path, ...), inline: asked for very often
+        return self.path if self.parts == 1 else f"{self.path}#{self.part}"
 
 
 def split_id(path: str, part: int, parts: int) -> str:
