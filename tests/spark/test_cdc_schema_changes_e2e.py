@@ -110,6 +110,7 @@ def test_a_mirror_follows_a_schema_change_through_a_restart_and_a_crash(
         for statement in statements:
             postgres.execute(statement.format(t=table))
         wait_until("the job to kill itself", lambda: run1.process.poll() is not None, 240)
+        run1.finish(30)  # and its last lines read: the process may end before they are
         starts = [n for n, line in enumerate(run1.lines) if line.startswith("STARTED")]
         assert len(starts) == 2, run1.lines  # stopped at the change, started again
         killed, skipped = applied(run1)[-1]

@@ -645,8 +645,8 @@ class Planner(Generic[SplitT, EnumStateT]):
 
         From the enumerator's ``changed_positions`` where it tracks changes (then, after
         its first call in a run, only the splits assigned since are asked for), else
-        ``latest_positions`` of every split, its changes found by identity at C speed while
-        the splits are the same.
+        ``latest_positions`` of every split, its changes found by identity (at C speed
+        while the splits are the same, else one look-up a split).
         """
         coordinator = self.coordinator
         tracked = self._settle(coordinator.changed_positions(self._token))
