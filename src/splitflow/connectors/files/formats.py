@@ -141,14 +141,15 @@ def list_files(fs: pafs.FileSystem, base: str, pattern: re.Pattern[str] | None) 
     for info in infos:
         if not info.is_file:
             continue
-        relative = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
+        path = info.path
+        relative = path[len(prefix) :] if path.startswith(prefix) else path
         within = "/" + relative  # a part that starts with "." or "_" follows a "/"
         if "/." in within or "/_" in within:
             continue
         if pattern is not None and not pattern.match(relative):
             continue
-        found.append(FileEntry(info.path, int(info.size or 0), int(info.mtime_ns or 0)))
-    found.sort(key=lambda e: e.path)
+        found.append(FileEntry(path, info.size or 0, info.mtime_ns or 0))
+    found.sort()  # by path: paths differ
     return found
 
 
