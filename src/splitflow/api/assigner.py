@@ -70,6 +70,10 @@ class AssignerState(Generic[SplitT]):
     ``discovered``: the first discovery has completed.
     ``backlog``: split id -> backlog boundary, for splits that have not reached it.
     ``backlog_held``: the enumerator itself says the source is processing backlog.
+
+    Snapshots share ``assigned`` and ``backlog`` with the snapshot before while they stay
+    the same, and :class:`AssignerStateCodec` encodes them as they are: read them (and an
+    encoded state), do not change them.
     """
 
     unassigned: tuple[SplitT, ...] = ()

@@ -287,7 +287,9 @@ class SplitEnumerator(ABC, Generic[SplitT, EnumStateT]):
 
         Called by: the coordinator thread, when a runtime tracks backlog (Spark: once per
         micro-batch); a runtime sends :class:`~splitflow.api.events.BacklogFinishedEvent`
-        for a split whose position reached its boundary. Default: none.
+        for a split whose position reached its boundary. Default: none. The mapping may be
+        the enumerator's own (an :class:`~splitflow.api.assigner.AssigningSplitEnumerator`
+        hands out the same one while it stays the same): read it, do not change it.
         """
         return {}
 
