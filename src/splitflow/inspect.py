@@ -27,7 +27,7 @@ from typing import Any
 from splitflow.errors import CheckpointStateError, ConfigurationError, IncompatibleCheckpointError
 from splitflow.spark.eventtime import iso
 from splitflow.spark.ledger import LedgerStore
-from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, OLD_OFFSET_FORMAT
+from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, READ_FORMATS
 from splitflow.spark.offsetstate import WHOLE_OF, OffsetState, expand_offset
 from splitflow.spark.snapshots import StateRef
 
@@ -131,7 +131,7 @@ def _source_state(
             option="state-dir",
         )
     offset = expand_offset(offset, OffsetState(state_dir) if state_dir else None)
-    if offset.get("splitflow") not in (OFFSET_FORMAT, FORMAT_3, OLD_OFFSET_FORMAT):
+    if offset.get("splitflow") not in READ_FORMATS:
         raise IncompatibleCheckpointError(
             f"batch {batch}: splitflow offset",
             found=offset.get("splitflow"),

@@ -25,6 +25,8 @@ FORMAT_3 = 3
 batch that read it."""
 OLD_OFFSET_FORMAT = 1
 """The format before 3, still read: its slices that read are read by the offset's batch."""
+READ_FORMATS = (OFFSET_FORMAT, FORMAT_3, OLD_OFFSET_FORMAT)
+"""The whole offset's formats that are read."""
 
 
 class Slice(NamedTuple, Generic[SplitT]):
@@ -147,7 +149,7 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
                 "the initial offset holds no state: only the planner that made it knows it"
             )
         version = data.get("splitflow")
-        if version not in (OFFSET_FORMAT, FORMAT_3, OLD_OFFSET_FORMAT):
+        if version not in READ_FORMATS:
             raise IncompatibleCheckpointError(
                 "splitflow offset in the Spark checkpoint", found=version, expected=OFFSET_FORMAT
             )

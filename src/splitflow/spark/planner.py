@@ -753,8 +753,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         boundaries = self._settle(self.coordinator.backlog_boundaries())
         seen, self._boundaries_seen = self._boundaries_seen, boundaries
         # a split reaches its boundary as it moves, or anew
-        changed = _changed_keys(seen, boundaries, ne) & boundaries.keys()
-        check = changed | ((self._changed | self._reached) & boundaries.keys())
+        moved = self._changed | self._reached
+        check = (_changed_keys(seen, boundaries, ne) | moved) & boundaries.keys()
         reached: dict[int, list[str]] = {}
         for sid in check:
             slot_id = self._slot_of.get(sid)
