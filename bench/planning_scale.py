@@ -17,8 +17,9 @@ Phases of one batch (``batch`` is their sum: the driver's planning time per batc
                         ``json.dumps(end)``
 ``reportLatestOffset``  ``Planner.lag()`` and ``json.dumps`` (Spark asks on every trigger)
 ``partitions``          ``json.loads`` of start and end, the planned end offset (``planned``),
-                        ``encode_tasks`` (each task's slices, as ``SlicePartition`` holds
-                        them), each task's events encoded, each task pickled
+                        ``encode_tasks`` (each task's slices), their JSON (as
+                        ``SlicePartition`` holds them), each task's events encoded, each task
+                        pickled
 ``commit``              ``json.loads(end)``, ``Planner.commit`` (of the batch before)
 ======================  =====================================================================
 
@@ -102,6 +103,7 @@ from splitflow.spark.events import encode_events
 from splitflow.spark.limits import MaxRecords, ReadAll
 from splitflow.spark.offset import BatchOffset, encode_tasks
 from splitflow.spark.planner import Planner, collect_garbage_less_often
+from splitflow.spark.snapshots import to_json
 from splitflow.testing.sequence import SequenceCatalog, SequenceSource, SequenceSplit
 
 T = TypeVar("T")
@@ -211,20 +213,18 @@ class Runner:
             planned(parsed) if planned is not None else BatchOffset.decode(parsed, self.source)
         )
         codec = self.source.split_codec
-        tasks = [
-            (
+        tasks = encode_tasks(offset, codec, None)
+        for index, (slot, entries) in enumerate(tasks):
+            task = (
                 index,
                 slot,
                 offset.seq,
                 codec.version,
-                encoded,
+                to_json(entries),
                 encode_events(offset.to_readers.get(slot, ())),
             )
-            for index, (slot, encoded) in enumerate(encode_tasks(offset, codec, None))
-        ]
-        for task in tasks:
             pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
-        return sum(stop - start for task in tasks for _, start, stop in task[4])
+        return sum(entry[3] - entry[2] for _, entries in tasks for entry in entries)
 
     def commit(self, end: str) -> None:
         self.planner.commit(json.loads(end))

@@ -107,7 +107,7 @@ class FaultyStreamReader(SplitflowStreamReader):
 
 def planned_records(partition: SlicePartition) -> int:
     """How many records the partition's slices hold (``stop - start`` summed)."""
-    return sum(max(0, int(stop) - int(start)) for _, start, stop in partition.slices)
+    return sum(max(0, int(e[3]) - int(e[2])) for e in partition.entries())
 
 
 def _faulty_read(ds: FaultySequenceDataSource, partition: SlicePartition) -> Iterator[Any]:
@@ -121,7 +121,7 @@ def _faulty_read(ds: FaultySequenceDataSource, partition: SlicePartition) -> Ite
         "attempt": context.attemptNumber(),
         "slot": partition.slot,
         "seq": partition.seq,
-        "slices": [[split, int(start), int(stop)] for split, start, stop in partition.slices],
+        "slices": [[e[1], int(e[2]), int(e[3])] for e in partition.entries()],
         "planned": planned_records(partition),
         "pid": os.getpid(),
     }

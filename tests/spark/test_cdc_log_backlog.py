@@ -106,7 +106,7 @@ def test_spark_read_of_the_snapshot_is_not_limited(postgres: Postgres, small: st
 
     source = data_source(postgres, small, chunkSize="3")
     partitions = SplitflowBatchReader(source).partitions()
-    assert sum(len(p.slices) for p in partitions) == 4  # every chunk of 10 rows by 3
+    assert sum(len(p.entries()) for p in partitions) == 4  # every chunk of 10 rows by 3
 
 
 # -- a 200 MB backlog on Spark -----------------------------------------------------------------

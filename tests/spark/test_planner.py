@@ -45,6 +45,7 @@ from splitflow.spark.offset import (
     Slice,
     encode_tasks,
     plan_partitions,
+    slice_entry,
 )
 from splitflow.spark.planner import Planner
 from splitflow.testing.sequence import (
@@ -442,7 +443,7 @@ def test_plan_partitions_makes_no_task_for_empty_slices() -> None:
     assert tasks_as_ranges(plan_partitions(mixed, 1)) == [(0, [("b", 0, 1)]), (0, [("b", 1, 2)])]
 
 
-def test_encode_tasks_encodes_each_task_s_splits_reusing_the_offset_s_encodings(
+def test_encode_tasks_are_the_offset_s_own_entries_and_the_same_when_decoded(
     clock: FakeClock,
 ) -> None:
     catalog = SequenceCatalog({f"s{i}": 10 + i for i in range(6)})
@@ -450,31 +451,28 @@ def test_encode_tasks_encodes_each_task_s_splits_reusing_the_offset_s_encodings(
     codec = planner.source.split_codec
     start = planner.initial_offset()
     for batch in range(3):
-        end = as_spark_stores_it(planner.latest_offset(start, MaxRecords(25)))
+        whole = planner.latest_offset(start, MaxRecords(25))
+        end = as_spark_stores_it(whole)
         planned = planner.planned(end)
-        assert planned.split_encodings is not None
-        version, kept = planned.split_encodings
+        assert planned.read_entries is not None
+        version, kept = planned.read_entries
         assert version == codec.version
-        reading = [s for slot in range(2) for s in planned.reading(slot)]
-        assert {id(s.body) for s in reading} == kept.keys()
         decoded = BatchOffset.decode(end, planner.source)  # another process: nothing kept
-        assert decoded.split_encodings is None
+        assert decoded.read_entries is None
         for cap in (None, 4):
             anew = [
-                (slot, [(codec.encode(s.body), s.start, s.stop) for s in slices])
+                (slot, [slice_entry(s, codec.encode(s.body)) for s in slices])
                 for slot, slices in plan_partitions(planned, cap)
             ]
             assert anew
             assert encode_tasks(planned, codec, cap) == encode_tasks(decoded, codec, cap) == anew
-        # reused: each task's first split is the offset's, encoded once, by the encoder
-        for (_, encoded), (_, slices) in zip(
-            encode_tasks(planned, codec, None), plan_partitions(planned, None), strict=True
-        ):
-            assert all(e is kept[id(s.body)] for (e, *_), s in zip(encoded, slices, strict=True))
-        # encodings of another codec version are not used
-        object.__setattr__(
-            planned, "split_encodings", (version + 1, {key: {"name": "bogus"} for key in kept})
-        )
+        # without a cap, a task's entries are the offset's own (the same list objects)
+        in_offset = {id(e) for slot in whole["slots"] for e in slot}
+        tasks = encode_tasks(planned, codec, None)
+        assert [task for _, task in tasks] == [kept[slot] for slot, _ in tasks]
+        assert all(id(e) in in_offset for _, task in tasks for e in task)
+        # entries kept under another codec version are not used
+        object.__setattr__(planned, "read_entries", (version + 1, ([["bogus"]],) * 2))
         assert encode_tasks(planned, codec, None) == encode_tasks(decoded, codec, None)
         catalog.append(f"s{batch}", 5)
         start = end

@@ -1,12 +1,16 @@
-"""The sequence catalog's versions: what ``changes`` tells, in memory and across processes."""
+"""The sequence catalog's versions: what ``changes`` and ``versions`` tell, in memory and
+across processes, and the discovery that builds on them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from unittest.mock import MagicMock
 
 import pytest
 
 from splitflow.testing import SequenceCatalog
+from splitflow.testing.sequence import SequenceEnumerator, SequenceSource
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -63,3 +67,58 @@ def test_a_version_newer_than_the_catalog_cannot_tell_what_changed(
     catalog.append("a", 1)
     version, _ = catalog.changes(None)
     assert catalog.changes(version + 5) == (version, None)
+
+
+def test_the_members_version_moves_only_when_a_split_is_added_or_removed(
+    catalog: SequenceCatalog,
+) -> None:
+    version, members = catalog.versions()
+    catalog.append("a", 4)
+    catalog.seal("b")
+    assert catalog.versions() == (version + 2, members)
+    catalog.add("d")
+    added = catalog.versions()
+    assert added == (version + 3, version + 3)
+    catalog.remove("c")
+    assert catalog.versions() == (version + 4, version + 4)
+    if catalog.path is not None:  # another process reads both from the file
+        assert SequenceCatalog.named(catalog.key).versions() == catalog.versions()
+
+
+def test_a_catalog_file_without_a_members_version_counts_every_split_as_new(
+    tmp_path: Path,
+) -> None:
+    """A file written before the members version: the catalog's version stands for it (a
+    listing made before is listed again)."""
+    path = tmp_path / "catalog.json"
+    SequenceCatalog({"a": 1}, path=str(path)).append("a", 2)
+    data = json.loads(path.read_text())
+    del data["members"]
+    path.write_text(json.dumps(data))
+    version, members = SequenceCatalog(path=str(path)).versions()
+    assert members == version == data["version"]
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_discovery_lists_the_catalog_again_only_when_its_splits_may_differ(
+    catalog: SequenceCatalog, bounded: bool
+) -> None:
+    """The same tuple while no split was added or removed (bounded: nor appended to, which
+    moves the splits' ends); a listing of the catalog otherwise."""
+    source = SequenceSource(catalog, bounded=bounded)
+    enumerator = SequenceEnumerator(source, MagicMock(), None)
+    first = enumerator.discover_splits()
+    assert [s.name for s in first] == ["a", "b", "c"]
+    catalog.append("a", 1)
+    catalog.seal("b")
+    after = enumerator.discover_splits()
+    assert (after is first) is not bounded
+    if bounded:
+        assert [(s.name, s.end) for s in after] == [("a", 2), ("b", 2), ("c", 3)]
+    assert enumerator.discover_splits() is after
+    catalog.add("d", 1)
+    added = enumerator.discover_splits()
+    assert [s.name for s in added] == ["a", "b", "c", "d"]
+    assert added[:3] == after  # the splits kept are the same
+    catalog.remove("a")
+    assert [s.name for s in enumerator.discover_splits()] == ["b", "c", "d"]

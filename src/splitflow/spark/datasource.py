@@ -25,7 +25,7 @@ import threading
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -55,6 +55,7 @@ from splitflow.spark.limits import ReadAll, ReadLimit
 from splitflow.spark.offset import BatchOffset, at, encode_tasks
 from splitflow.spark.options import NAMES, PREFIXES, RuntimeOptions
 from splitflow.spark.planner import Planner, collect_garbage_less_often
+from splitflow.spark.snapshots import from_json, to_json
 
 log = logging.getLogger("splitflow.spark")
 
@@ -154,8 +155,8 @@ class SplitflowDataSource(DataSource):
 
 @dataclass
 class SlicePartition(InputPartition):
-    """Task ``index`` of batch ``seq``: slot ``slot`` reads ``[(encoded split, start, stop),
-    ...]`` (each split from ``start``: it may be encoded at another position).
+    """Task ``index`` of batch ``seq``: slot ``slot`` reads the slices ``slices`` holds, as
+    JSON (:meth:`entries`; one string pickles at C speed whatever the split count).
 
     ``events`` are the enumerator's events for the slot's reader (encoded).
     """
@@ -164,7 +165,7 @@ class SlicePartition(InputPartition):
     slot: int
     seq: int
     split_codec: int
-    slices: list[tuple[dict[str, Any], int, int]]
+    slices: bytes
     events: list[str]
 
     def __init__(
@@ -173,12 +174,18 @@ class SlicePartition(InputPartition):
         slot: int,
         seq: int,
         split_codec: int,
-        slices: list[tuple[dict[str, Any], int, int]],
+        slices: bytes,
         events: list[str],
     ) -> None:
         super().__init__(index)
         self.index, self.slot, self.seq = index, slot, seq
         self.split_codec, self.slices, self.events = split_codec, slices, events
+
+    def entries(self) -> list[list[Any]]:
+        """Each slice as an offset entry: ``[split id, encoded split, start, stop, seq]``
+        (:func:`~splitflow.spark.offset.slice_entry`); the task reads each split from
+        ``start`` to ``stop`` (the split may be encoded at another position)."""
+        return cast(list[list[Any]], from_json(self.slices))
 
 
 def _check_event_time_column(column: str, schema: Any) -> None:
@@ -215,12 +222,17 @@ def _partitions(
     served: set[int] = set()
     first = [] if pinned is None else [pinned]
     tasks = encode_tasks(end, codec, runtime.max_records_per_task)
-    for index, (slot, encoded) in enumerate(tasks):
+    for index, (slot, entries) in enumerate(tasks):
         events = () if slot in served else end.to_readers.get(slot, ())
         served.add(slot)
         partitions.append(
             SlicePartition(
-                index, slot, end.seq, codec.version, encoded, encode_events([*first, *events])
+                index,
+                slot,
+                end.seq,
+                codec.version,
+                to_json(entries),
+                encode_events([*first, *events]),
             )
         )
     return partitions
@@ -246,10 +258,9 @@ def read_partition(data_source: SplitflowDataSource, partition: SlicePartition) 
     source = _cached_source(data_source)
     codec = source.split_codec
     version = partition.split_codec
-    splits = [at(codec.decode(data, version), start) for data, start, _ in partition.slices]
-    stops = {
-        split.split_id: stop for split, (*_, stop) in zip(splits, partition.slices, strict=True)
-    }
+    entries = partition.entries()
+    splits = [at(codec.decode(entry[1], version), entry[2]) for entry in entries]
+    stops = {split.split_id: entry[3] for split, entry in zip(splits, entries, strict=True)}
     context = RecordingReaderContext(partition.slot)  # events go to the state dir
     reader = source.create_reader(context)
     reader.start()

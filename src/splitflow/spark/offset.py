@@ -93,13 +93,12 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
     )
     """Each slot's slices that read records, in the slot's order, when the planner that
     made the offset knows them (None: found from ``slots``; see :meth:`reading`)."""
-    split_encodings: tuple[int, Mapping[int, Any]] | None = field(
+    read_entries: tuple[int, tuple[list[list[Any]], ...]] | None = field(
         default=None, compare=False, repr=False
     )
-    """The split codec's version and, by the split object's ``id``, the encoding of the split
-    of each slice this batch reads, when :class:`OffsetEncoder` encoded the offset (its
-    tasks reuse them: :func:`encode_tasks`); the offset holds the splits, so the ids stay
-    theirs."""
+    """The split codec's version and each slot's entries (:func:`slice_entry`) of the slices
+    :meth:`reading` names, in the same order, when :class:`OffsetEncoder` encoded the offset:
+    its tasks are these entries (:func:`encode_tasks`)."""
 
     def reading(self, slot: int) -> tuple[Slice[SplitT], ...]:
         """Slot ``slot``'s slices that read records, in order."""
@@ -205,6 +204,15 @@ class BatchOffset(Generic[SplitT, EnumStateT]):
         )
 
 
+def slice_entry(piece: Slice[SplitT], encoded: Any) -> list[Any]:
+    """``piece`` as an offset encodes it, with its split encoded as ``encoded``:
+    ``[split id, encoded split, start, stop, seq]``, and a last ``1`` when it ends."""
+    entry = [piece.body.split_id, encoded, piece.start, piece.stop, piece.seq]
+    if piece.ends:
+        entry.append(1)
+    return entry
+
+
 def _format_3_slice(split: SplitT, stop: int, seq: int, ends: Sequence[Any]) -> Slice[SplitT]:
     return Slice(split, split.position, stop, seq, bool(ends))
 
@@ -260,7 +268,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         self._codec = self.source.split_codec  # a source may make it anew on each access
         entries: list[list[list[Any]]] = []
         changed: list[list[list[Any]] | None] = []
-        reads: dict[int, Any] = {}  # the encodings of the splits the batch reads
+        reads: list[list[list[Any]]] = []  # each slot's entries of the slices read
         seq = offset.seq
         for index, slices in enumerate(offset.slots):
             last = self._slots[index] if index < len(self._slots) else ()
@@ -273,7 +281,13 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
             if moved is not None and all(slices[i].body.split_id == was[i][0] for i in moved):
                 now = list(was)
                 for i in moved:
-                    now[i] = self._entry(slices[i], last[i].body, was[i])
+                    piece, entry = slices[i], was[i]
+                    if piece.body is last[i].body and not piece.ends:  # read on: most slices
+                        # slice_entry(piece, entry[1]), inline: at 1M splits it runs 100k
+                        # times a batch
+                        now[i] = [entry[0], entry[1], piece.start, piece.stop, piece.seq]
+                    else:
+                        now[i] = self._entry(piece, last[i].body, entry)
                 entries.append(now)
                 changed.append([now[i] for i in moved if now[i] is not was[i]])
                 new = moved
@@ -283,11 +297,13 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 entries.append(now)
                 changed.append(None)
                 new = list(range(len(slices)))
-            reads.update((id(slices[i].body), now[i][1]) for i in new if slices[i].seq == seq)
+            reads.append(
+                [now[i] for i in new if slices[i].seq == seq and slices[i].stop > slices[i].start]
+            )
         self.since = self._entries if self._slots else None
         self._slots, self._entries, self.changed = offset.slots, entries, changed
         self._seeded, self._by_id = False, None
-        object.__setattr__(offset, "split_encodings", (self._codec.version, reads))
+        object.__setattr__(offset, "read_entries", (self._codec.version, tuple(reads)))
         return {
             "splitflow": OFFSET_FORMAT,
             "seq": offset.seq,
@@ -313,14 +329,10 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
 
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""
-        tail = [piece.start, piece.stop, piece.seq]
-        if piece.ends:
-            tail.append(1)
-        if entry is None:
-            return [piece.body.split_id, self._codec.encode(piece.body), *tail]
-        if piece.body is not split:  # another object (assigned again): its id is the entry's
-            return [entry[0], self._codec.encode(piece.body), *tail]
-        return entry if entry[2:] == tail else [entry[0], entry[1], *tail]
+        if entry is None or piece.body is not split:  # new, or another object (assigned again)
+            return slice_entry(piece, self._codec.encode(piece.body))
+        made = slice_entry(piece, entry[1])
+        return entry if made == entry else made
 
 
 def _by_id(
@@ -331,20 +343,31 @@ def _by_id(
 
 def encode_tasks(
     end: BatchOffset[SplitT, EnumStateT], codec: Codec[SplitT], max_records_per_task: int | None
-) -> list[tuple[int, list[tuple[Any, int, int]]]]:
-    """The tasks of a batch (:func:`plan_partitions`), each a slot and its slices as
-    ``(encoded split, start, stop)``: a split's encoding in the offset where the encoder
-    kept it (:attr:`BatchOffset.split_encodings`, of the same codec version), else made now.
-    The encoded split may be at another position than ``start`` (:class:`Slice`): the task
+) -> list[tuple[int, list[list[Any]]]]:
+    """The tasks of a batch (:func:`plan_partitions`), each a slot and its slices' entries
+    (:func:`slice_entry`; a task reads ``encoded split`` from ``start`` to ``stop``): without
+    ``max_records_per_task``, the offset's own entries where the encoder kept them
+    (:attr:`BatchOffset.read_entries`, of the same codec version), else made now. The
+    encoded split may be at another position than ``start`` (:class:`Slice`): the task
     moves it there (:func:`at`)."""
-    kept = end.split_encodings
-    known = kept[1] if kept is not None and kept[0] == codec.version else {}
-    encode = codec.encode
+    kept = end.read_entries
+    entries = kept[1] if kept is not None and kept[0] == codec.version else None
+
+    def read(slot: int) -> list[list[Any]]:
+        reading = end.reading(slot)
+        if entries is not None and len(entries[slot]) == len(reading):
+            return entries[slot]
+        return [slice_entry(s, codec.encode(s.body)) for s in reading]
+
+    if max_records_per_task is None:
+        return [(slot, read(slot)) for slot in range(end.parallelism) if end.reading(slot)]
+    encoded = {  # each split read, by its object's id (the offset holds them all)
+        id(s.body): entry[1]
+        for slot in range(end.parallelism)
+        for s, entry in zip(end.reading(slot), read(slot), strict=True)
+    }
     return [
-        (
-            slot,
-            [(known.get(id(s.body)) or encode(s.body), s.start, s.stop) for s in slices],
-        )
+        (slot, [slice_entry(s, encoded[id(s.body)]) for s in slices])
         for slot, slices in plan_partitions(end, max_records_per_task)
     ]
 

@@ -37,7 +37,8 @@ class SequenceCatalog:
 
     Every change (a split added, appended to, sealed or removed) gets the next version, so
     that :meth:`changes` tells what changed since a version (what a
-    :meth:`~splitflow.api.enumerator.SplitEnumerator.changed_positions` needs). A catalog
+    :meth:`~splitflow.api.enumerator.SplitEnumerator.changed_positions` needs), and
+    :meth:`versions` tells the version of the last split added or removed. A catalog
     made with ``splits`` over an existing file goes on from the file's version, every
     split of both changed.
     """
@@ -54,6 +55,7 @@ class SequenceCatalog:
         self._sealed: set[str] = set()
         self._version = 0
         self._versions: dict[str, int] = {}  # name -> version of its last change, in order
+        self._members = 0  # the version of the last split added or removed
         self.path = path
         if path is not None:
             self.key = f"file:{os.path.abspath(path)}"
@@ -63,6 +65,7 @@ class SequenceCatalog:
                 self._lengths, self._sealed = dict(splits), set()
                 self._version += 1
                 self._versions = dict.fromkeys(names, self._version)
+                self._members = self._version
             if splits is not None or not os.path.exists(path):
                 self._save()
             return
@@ -85,6 +88,7 @@ class SequenceCatalog:
             self._sealed = set(data["sealed"])
             self._version = int(data.get("version", 0))
             self._versions = {str(k): int(v) for k, v in data.get("versions", {}).items()}
+            self._members = int(data.get("members", self._version))
 
     def _save(self) -> None:
         if self.path is not None:
@@ -96,6 +100,7 @@ class SequenceCatalog:
                         "sealed": sorted(self._sealed),
                         "version": self._version,
                         "versions": self._versions,
+                        "members": self._members,
                     },
                     f,
                 )
@@ -107,7 +112,7 @@ class SequenceCatalog:
             if name in self._lengths:
                 raise ValueError(f"split {name} already exists")
             self._lengths[name] = length
-            self._changed(name)
+            self._changed(name, member=True)
 
     def append(self, name: str, count: int) -> None:
         with self._lock:
@@ -120,7 +125,7 @@ class SequenceCatalog:
             self._load()
             del self._lengths[name]
             self._sealed.discard(name)
-            self._changed(name)
+            self._changed(name, member=True)
 
     def seal(self, name: str) -> None:
         """No record will be appended to ``name`` any more: it ends at its length."""
@@ -131,11 +136,14 @@ class SequenceCatalog:
             self._sealed.add(name)
             self._changed(name)
 
-    def _changed(self, name: str) -> None:
-        """Split ``name`` changed: it moves to the end of the versions, with the next one."""
+    def _changed(self, name: str, member: bool = False) -> None:
+        """Split ``name`` changed (``member``: was added or removed): it moves to the end of
+        the versions, with the next one."""
         self._version += 1
         self._versions.pop(name, None)
         self._versions[name] = self._version
+        if member:
+            self._members = self._version
         self._save()
 
     def is_sealed(self, name: str) -> bool:
@@ -165,6 +173,12 @@ class SequenceCatalog:
         with self._lock:
             self._load()
             return dict(self._lengths), frozenset(self._sealed)
+
+    def versions(self) -> tuple[int, int]:
+        """The version now, and the version of the last split added or removed."""
+        with self._lock:
+            self._load()
+            return self._version, self._members
 
     def changes(self, since: int | None) -> tuple[int, dict[str, tuple[int, bool] | None] | None]:
         """The version now, and ``(length, sealed)`` of each split that changed after
@@ -210,18 +224,13 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
 
     def discover_splits(self) -> Sequence[SequenceSplit]:
         """Every split of the catalog: the tuple returned last time while no split was
-        added or removed since (nor, bounded, appended to), found from the catalog's
-        changes (the assigner then skips its comparison)."""
+        added or removed since (bounded: nor appended to), else listed anew (the assigner
+        then skips its comparison when the tuple is the same)."""
         bounded = self._source.boundedness is Boundedness.BOUNDED
         found = self._found
         last = self._last_listing
-        version, changed = self._source.catalog.changes(None if last is None else last[0])
-        if (
-            last is not None
-            and changed is not None
-            and not (bounded and changed)
-            and all((name in found) == (extent is not None) for name, extent in changed.items())
-        ):
+        version, members = self._source.catalog.versions()
+        if last is not None and (version if bounded else members) <= last[0] <= version:
             self._last_listing = version, last[1]
             return last[1]
         splits = []
@@ -260,8 +269,9 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
         version, changed = self._source.catalog.changes(tracked)
         if changed is None:
             return None
+        shared = self._extents
         return version, {
-            name: None if extent is None else self._extent(*extent)
+            name: None if extent is None else shared.get(extent) or self._extent(*extent)
             for name, extent in changed.items()
         }
 
