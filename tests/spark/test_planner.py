@@ -1444,3 +1444,55 @@ def test_a_planning_process_starts_planners_without_collections_and_freezes_what
     assert froze == str(planning)
     assert lines["reads"] == "2"  # the restored planner reads on: what was appended
     assert lines["freed"] == "0 True"
+
+
+BATCHES_WITHOUT_COLLECTIONS = """
+import gc, sys
+from splitflow.spark.limits import ReadAll
+from splitflow.spark.planner import Planner, collect_garbage_less_often
+from splitflow.testing.sequence import SequenceCatalog, SequenceSource
+
+if sys.argv[1] == "planning":
+    collect_garbage_less_often()
+started = []  # the generation of each collection that starts
+gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info["generation"]))
+names = [f"s{i:05d}" for i in range(30_000)]
+catalog = SequenceCatalog(dict.fromkeys(names, 3))
+now = [0.0]
+planner = Planner(SequenceSource(catalog, discovery_interval=1.0), 4, clock=lambda: now[0])
+start = planner.initial_offset()
+for batch in range(4):  # every batch reads every split
+    for name in names:
+        catalog.append(name, 1)
+    now[0] += 1.0
+    started.clear()
+    end = planner.latest_offset(start, ReadAll())
+    planner.commit(end)
+    start = end
+print("collections", len(started))  # in the last batch
+print("threshold", gc.get_threshold()[0])
+"""
+
+
+@pytest.mark.parametrize("process", ["planning", "other"])
+def test_a_planning_process_collects_its_youngest_objects_in_proportion_to_the_splits_held(
+    process: str,
+) -> None:
+    """In a process that plans batches, the youngest generation is collected once as many
+    objects as twice the splits held were made: a batch that reads each of 30k splits
+    sets off no collection (at the fixed threshold, it did; the objects a batch makes
+    would each be visited by collections that fall within it). Elsewhere the collector is
+    left as it is."""
+    done = subprocess.run(
+        [sys.executable, "-c", BATCHES_WITHOUT_COLLECTIONS, process],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    if process == "planning":
+        assert lines["threshold"] == "60000"
+        assert lines["collections"] == "0"
+    else:
+        assert lines["threshold"] == "700"  # Python's default
+        assert int(lines["collections"]) > 0
