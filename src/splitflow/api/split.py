@@ -154,7 +154,8 @@ class SplitState(Generic[SplitT]):
 
 
 class Codec(ABC, Generic[T]):
-    """Turns a value into a small dict of JSON primitives and back.
+    """Turns a value into a small dict of JSON primitives and back (finite floats only: JSON
+    has no infinity or NaN, and the runtime writes them as ``null``).
 
     ``version`` is written beside the encoded values of a checkpoint; ``decode`` receives the
     version that wrote ``data`` and must read every version it has ever written, or raise

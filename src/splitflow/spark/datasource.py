@@ -182,7 +182,8 @@ class SlicePartition(InputPartition):
         self.split_codec, self.slices, self.events = split_codec, slices, events
 
     def entries(self) -> list[list[Any]]:
-        """Each slice as an offset entry: ``[split id, encoded split, start, stop, seq]``
+        """Each slice as an offset entry: ``[split id, encoded split, start, stop, seq]``,
+        and a last ``1`` for a slice that ends its split
         (:func:`~splitflow.spark.offset.slice_entry`); the task reads each split from
         ``start`` to ``stop`` (the split may be encoded at another position)."""
         return cast(list[list[Any]], from_json(self.slices))

@@ -345,11 +345,11 @@ def encode_tasks(
     end: BatchOffset[SplitT, EnumStateT], codec: Codec[SplitT], max_records_per_task: int | None
 ) -> list[tuple[int, list[list[Any]]]]:
     """The tasks of a batch (:func:`plan_partitions`), each a slot and its slices' entries
-    (:func:`slice_entry`; a task reads ``encoded split`` from ``start`` to ``stop``): without
-    ``max_records_per_task``, the offset's own entries where the encoder kept them
-    (:attr:`BatchOffset.read_entries`, of the same codec version), else made now. The
-    encoded split may be at another position than ``start`` (:class:`Slice`): the task
-    moves it there (:func:`at`)."""
+    (:func:`slice_entry`; a task reads ``encoded split`` from ``start`` to ``stop``): the
+    offset's own entries where the encoder kept them (:attr:`BatchOffset.read_entries`, of
+    the same codec version), else made now; under ``max_records_per_task``, entries of the
+    cut slices, with the kept encodings. The encoded split may be at another position than
+    ``start`` (:class:`Slice`): the task moves it there (:func:`at`)."""
     kept = end.read_entries
     entries = kept[1] if kept is not None and kept[0] == codec.version else None
 

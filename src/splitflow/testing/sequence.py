@@ -224,7 +224,7 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
 
     def discover_splits(self) -> Sequence[SequenceSplit]:
         """Every split of the catalog: the tuple returned last time while no split was
-        added or removed since (bounded: nor appended to), else listed anew (the assigner
+        added or removed since (bounded: nor changed at all), else listed anew (the assigner
         then skips its comparison when the tuple is the same)."""
         bounded = self._source.boundedness is Boundedness.BOUNDED
         found = self._found
