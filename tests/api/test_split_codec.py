@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -119,6 +120,39 @@ class FlatOwnInit(Flat):
     def __init__(self, name: str, end: int, zone: str) -> None:
         for key, value in (("name", name), ("end", end), ("zone", zone)):
             object.__setattr__(self, key, value)
+
+
+@dataclass(frozen=True)
+class Timed:
+    name: str
+    until: float | None = None
+    marks: tuple[float, ...] = ()
+    position: int = 0
+
+
+@pytest.mark.parametrize(
+    ("split", "field_name"),
+    [
+        (Timed("t", until=math.inf), "until"),
+        (Timed("t", until=-math.inf), "until"),
+        (Timed("t", until=math.nan), "until"),
+        (Timed("t", marks=(1.5, math.inf)), "marks"),
+    ],
+)
+def test_dataclass_codec_refuses_a_float_json_has_no_form_for_naming_the_field(
+    split: Timed, field_name: str
+) -> None:
+    """JSON has no infinity or NaN: a checkpoint would hold ``null`` (orjson) or a token
+    other readers refuse (``json``), so the split does not encode at all."""
+    with pytest.raises(ContractViolation, match=rf"Timed\.{field_name} is .*no infinity or NaN"):
+        DataclassCodec(Timed).encode(split)
+
+
+def test_dataclass_codec_encodes_finite_floats_as_they_are() -> None:
+    codec = DataclassCodec(Timed)
+    split = Timed("t", until=1e300, marks=(0.5, -2.0), position=3)
+    assert codec.encode(split) == {"name": "t", "until": 1e300, "marks": [0.5, -2.0], "position": 3}
+    assert codec.decode(json.loads(json.dumps(codec.encode(split))), version=1) == split
 
 
 def test_dataclass_codec_encodes_every_field_however_the_split_was_made() -> None:

@@ -13,6 +13,7 @@ lag is ``latest - position``. Reading a split on Spark means reading a slice
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,7 +200,10 @@ class LedgerCodec(Codec[T]):
 class DataclassCodec(Codec[T]):
     """Codec for a flat dataclass whose fields are JSON primitives or tuples of them.
 
-    Lists in the encoded form come back as tuples (frozen dataclasses hold tuples).
+    Lists in the encoded form come back as tuples (frozen dataclasses hold tuples). A float
+    that is infinite or NaN has no JSON form: encoding it raises
+    :class:`~splitflow.errors.ContractViolation` naming the field (instead of a checkpoint
+    that would hold ``null``).
 
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True)
@@ -240,7 +244,15 @@ class DataclassCodec(Codec[T]):
             and _SCALARS.issuperset(map(type, values.values()))
         ):  # a plain instance's dict is its fields: a copy, when each is a JSON scalar
             return dict(values)
-        return {name: _to_json(getattr(value, name)) for name in self._fields}
+        encoded = {name: _to_json(getattr(value, name)) for name in self._fields}
+        for name, field in encoded.items():
+            if not _finite(field):
+                raise ContractViolation(
+                    f"{self._cls.__name__}.{name} is {getattr(value, name)!r}: "
+                    f"{self._cls.__name__} is encoded to JSON (checkpoints, offsets), which "
+                    "has no infinity or NaN; use None, or a finite bound"
+                )
+        return encoded
 
     def decode(self, data: Mapping[str, Any], version: int) -> T:
         if version != self.version:
@@ -264,7 +276,17 @@ class DataclassCodec(Codec[T]):
         return self._cls(**data)
 
 
-_SCALARS = frozenset((str, int, float, bool, type(None)))
+_SCALARS = frozenset((str, int, bool, type(None)))
+"""The JSON scalars a plain instance's dict is copied with (a float is checked first)."""
+
+
+def _finite(value: object) -> bool:
+    """Whether ``value`` (encoded) holds no infinite or NaN float."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(map(_finite, value))
+    return True
 
 
 def _to_json(value: object) -> object:
