@@ -28,8 +28,9 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from operator import is_not, ne
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 import numpy as np
 
@@ -662,16 +663,19 @@ class Planner(Generic[SplitT, EnumStateT]):
             return extents
         first, (self._token, changes) = self._token is None, tracked
         extents = self._extent_of
+        changed: AbstractSet[str] | None = None  # None: every held split
+        noted_from: Mapping[str, SplitExtent] | None = None  # changed's extents, if not extents
         if first:  # at a start, or after the source could not tell: ask for every split
             extents.clear()
             ask = [s for slot in self._current().values() for s in slot.values()]
             asked, self._unknown = set(self._slot_of), set()
-            changed = None
         else:
-            changed = changes.keys() & self._slot_of.keys()
-            if len(changed) == len(changes) and not holds_none(changes.values()):
+            if changes.keys() <= self._slot_of.keys() and not holds_none(changes.values()):
                 extents.update(changes)  # all held, none gone: at C speed
+                noted_from = cast(Mapping[str, SplitExtent], changes)  # a small dict, in its order
+                changed = changes.keys()
             else:
+                changed = changes.keys() & self._slot_of.keys()
                 for sid in changed:
                     extent = changes[sid]
                     if extent is None:
@@ -690,8 +694,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             extents.pop(sid, None)
         self._unknown |= missing
         if changed is not None and asked:
-            changed |= asked
-        self._learnt(changed)
+            changed, noted_from = changed | asked, None
+        self._learnt(changed, noted_from)
         return extents
 
     def _current(self, sids: Iterable[str] | None = None) -> dict[int, dict[str, SplitT]]:
@@ -708,10 +712,14 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._stale -= stale
         return self._slots
 
-    def _learnt(self, moved: Iterable[str] | None) -> None:
-        """The extents of held splits ``moved`` (None: every held split) into the table."""
+    def _learnt(
+        self, moved: Iterable[str] | None, told: Mapping[str, SplitExtent] | None = None
+    ) -> None:
+        """The extents of held splits ``moved`` (None: every held split) into the table, from
+        ``told`` (default: :attr:`_extent_of`)."""
         capped = self._cap if self._target is not None else None
-        self._table.note(self._slot_of if moved is None else moved, self._extent_of, capped)
+        extents = self._extent_of if told is None else told
+        self._table.note(self._slot_of if moved is None else moved, extents, capped)
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
