@@ -393,6 +393,37 @@ def test_a_split_removed_as_the_source_falls_behind_leaves_the_budget_to_the_oth
     assert query.batch(limit) == [("a", i) for i in range(10, 14)]  # b removed, its share a's
 
 
+class _RemovingOnFinishEnumerator(SequenceEnumerator):
+    """Removes split ``c`` as it handles split ``a``'s finish: a held split that the batch
+    which reads ``a`` to its end also reads, removed while the planner finishes ``a``."""
+
+    def handle_source_event(self, reader_id: int, event: Any) -> None:
+        super().handle_source_event(reader_id, event)
+        if isinstance(event, SplitsFinishedEvent) and "a" in event.split_ids:
+            self.remove_splits(["c"])
+
+
+class _RemovingOnFinishSource(SequenceSource):
+    def create_enumerator(self, context: Any) -> Any:
+        return _RemovingOnFinishEnumerator(self, context, None)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_a_split_removed_as_another_finishes_is_left_out_of_the_batch_that_finishes_it(
+    clock: FakeClock, parallelism: int
+) -> None:
+    catalog = SequenceCatalog({"a": 3, "b": 3, "c": 3})
+    catalog.seal("a")
+    query = Query(Planner(_RemovingOnFinishSource(catalog), parallelism, clock=clock))
+    read = query.batch()
+    assert sorted(read or []) == [(name, i) for name in "ab" for i in range(3)]
+    slices = [s for slot in query.planner.planned(query.offset).slots for s in slot]
+    assert sorted((s.body.split_id, s.ends) for s in slices) == [("a", True), ("b", False)]
+    catalog.append("b", 2)
+    clock.advance(DISCOVERY)
+    assert query.batch() == [("b", 3), ("b", 4)]
+
+
 # -- plan_partitions ------------------------------------------------------------------------------
 
 
@@ -1480,7 +1511,7 @@ def test_a_planning_process_collects_its_youngest_objects_in_proportion_to_the_s
     process: str,
 ) -> None:
     """In a process that plans batches, the youngest generation is collected once as many
-    objects as twice the splits held were made: a batch that reads each of 30k splits
+    objects as three times the splits held were made: a batch that reads each of 30k splits
     sets off no collection (at the fixed threshold, it did; the objects a batch makes
     would each be visited by collections that fall within it). Elsewhere the collector is
     left as it is."""
@@ -1492,7 +1523,7 @@ def test_a_planning_process_collects_its_youngest_objects_in_proportion_to_the_s
     )
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     if process == "planning":
-        assert lines["threshold"] == "60000"
+        assert lines["threshold"] == "90000"
         assert lines["collections"] == "0"
     else:
         assert lines["threshold"] == "700"  # as the script set it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from splitflow.api.enumerator import SplitExtent
+from splitflow.spark.limits import Backlogs
 from splitflow.spark.table import SplitTable
 
 
@@ -106,4 +107,29 @@ def test_the_splits_a_batch_reads_to_their_end() -> None:
     table.add(["d"], 0, [3])
     final = SplitExtent(5, final=True)
     table.note(["a", "b", "c", "d"], {"a": final, "b": SplitExtent(5), "c": final, "d": final})
-    assert table.read_to_end({"a": 5, "b": 5, "c": 4, "d": 2, "gone": 1}) == {0: ["d"], 1: ["a"]}
+    reads = table.placed(Backlogs.of({"a": 5, "b": 5, "c": 4, "d": 2, "gone": 1}))
+    assert reads.ids.tolist() == ["a", "b", "c", "d"]  # not held: left out
+    assert table.read_to_end(reads) == {0: ["d"], 1: ["a"]}
+
+
+def test_what_a_batch_reads_keeps_its_rows_groups_by_slot_and_moves_the_splits_on() -> None:
+    table = _table({"b": 0, "a": 2}, slot=1)
+    table.add(["c", "d"], 0, [5, 1])
+    table.note(
+        ["a", "b", "c", "d"],
+        {"a": SplitExtent(10), "b": SplitExtent(10), "c": SplitExtent(9), "d": SplitExtent(1)},
+    )
+    reads = table.backlogs().take(9)  # shared over a (8), b (10) and c (4); d has none
+    assert reads.rows is not None
+    assert table.ids[reads.rows].tolist() == reads.ids.tolist()
+    counts = reads.as_dict()
+    assert sorted(counts) == ["a", "b", "c"]
+    assert sum(counts.values()) == 9
+    assert table.placed(reads) is reads  # rows known: nothing looked up
+    assert table.slots_of(reads) == {0: ["c"], 1: ["a", "b"]}
+    table.advance(reads)
+    at = {sid: int(table.position[table.row_of[sid]]) for sid in "abcd"}
+    assert at == {"a": 2 + counts["a"], "b": counts["b"], "c": 5 + counts["c"], "d": 1}
+    assert table.backlogs().as_dict() == {
+        sid: extent - at[sid] for sid, extent in {"a": 10, "b": 10, "c": 9}.items()
+    }

@@ -132,7 +132,9 @@ class Aligner(Generic[SplitT]):
         bound: int | None = None
         caps: dict[str, int] = {}
         for _ in range(self.rounds):
-            reads = reads_under(limit, Backlogs.of(capped(backlogs, caps, positions)), extents)
+            reads = reads_under(
+                limit, Backlogs.of(capped(backlogs, caps, positions)), extents
+            ).as_dict()
             floor = self._floor(held, waiting, current, extents, to_read, reads)
             if floor is None or (bound is not None and bound <= floor + max_drift):
                 return aligned(bound, caps)

@@ -74,13 +74,16 @@ def share_records(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
 
 class Backlogs:
     """What each split may read next, as arrays: ``ids`` (split ids, an object array) and
-    ``values`` (records, int64; Python ints in an object array where they do not fit).
-    Budgets are shared over them with array operations: a batch over 100k lagging splits
-    with a budget of 10k records makes no Python object per split that reads nothing."""
+    ``values`` (records, int64; Python ints in an object array where they do not fit), and
+    where a :class:`~splitflow.spark.table.SplitTable` made them, each split's ``rows``
+    there. Budgets are shared over them with array operations: a batch over 100k lagging
+    splits with a budget of 10k records makes no Python object per split that reads
+    nothing. What a batch reads has the same shape (:meth:`take`, :func:`reads_under`)."""
 
-    def __init__(self, ids: np.ndarray, values: np.ndarray) -> None:
+    def __init__(self, ids: np.ndarray, values: np.ndarray, rows: np.ndarray | None = None) -> None:
         self.ids = ids
         self.values = values
+        self.rows = rows
 
     @classmethod
     def of(cls, backlogs: Mapping[str, int]) -> Backlogs:
@@ -94,18 +97,31 @@ class Backlogs:
         """The sum of the positive backlogs."""
         return exact_sum(self.values[self.values > 0])
 
+    def _part(self, keep: np.ndarray, values: np.ndarray) -> Backlogs:
+        """The splits ``keep`` (indexes or a mask) with ``values``, their rows kept."""
+        rows = None if self.rows is None else self.rows[keep]
+        return Backlogs(self.ids[keep], values, rows)
+
+    def waiting(self) -> Backlogs:
+        """Only the splits with a positive backlog."""
+        positive = self.values > 0
+        return self if positive.all() else self._part(positive, self.values[positive])
+
     def share(self, budget: int) -> dict[str, int]:
         """:func:`share_records` over these backlogs."""
-        ids, values = self.ids, self.values
-        waiting = values > 0
-        if not waiting.all():
-            ids, values = ids[waiting], values[waiting]
+        return self.take(budget).as_dict()
+
+    def take(self, budget: int) -> Backlogs:
+        """:meth:`share`: the splits that get records, and how many, as arrays."""
+        waiting = self.waiting()
+        ids, values = waiting.ids, waiting.values
         count = len(values)
         total = exact_sum(values)
         if total <= budget:
-            return dict(zip(ids.tolist(), values.tolist(), strict=True))
+            return waiting
         if budget <= count:  # one record each for the largest backlogs; nothing is left
-            return dict.fromkeys(ids[largest(budget, values, ids)].tolist(), 1)
+            chosen = largest(budget, values, ids)
+            return waiting._part(chosen, np.ones(len(chosen), np.int64))
         # One record each, and what is left of the budget in proportion to what is left of
         # each backlog. Integers only (floats lose records past 2**53), in Python ints
         # where the products would not fit 64 bits.
@@ -117,7 +133,7 @@ class Backlogs:
         shares = 1 + product // rest_total
         remainder = budget - exact_sum(shares)
         shares[largest(remainder, product % rest_total, ids)] += 1
-        return dict(zip(ids.tolist(), shares.tolist(), strict=True))
+        return Backlogs(ids, shares, waiting.rows)
 
 
 def largest(count: int, values: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
@@ -203,17 +219,17 @@ def reads_under(
     limit: ReadAll | MaxRecords | MaxBytes,
     backlogs: Backlogs,
     extents: Mapping[str, SplitExtent],
-) -> dict[str, int]:
-    """Records each split reads in the next batch under ``limit`` (a split left out, or
-    with 0 or less, reads none)."""
+) -> Backlogs:
+    """Records each split reads in the next batch under ``limit``: only splits that read
+    some, with their rows in ``backlogs``' table if it has them."""
     if isinstance(limit, MaxRecords):
-        return backlogs.share(limit.records)
-    waiting = backlogs.as_dict()
+        return backlogs.take(limit.records)
     if isinstance(limit, ReadAll):
-        return waiting
+        return backlogs.waiting()
+    waiting = backlogs.as_dict()
     sizes = {sid: extents[sid].bytes_per_position for sid in waiting}
     reads = share_bytes(waiting, sizes, limit.bytes, limit.option)
     if limit.records is not None:
         capped = backlogs.share(limit.records)
         reads = {sid: min(n, capped[sid]) for sid, n in reads.items() if sid in capped}
-    return reads
+    return Backlogs.of(reads)

@@ -278,28 +278,19 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 if len(last) == len(slices)
                 else None
             )
-            if moved is not None and all(slices[i].body.split_id == was[i][0] for i in moved):
-                now = list(was)
-                for i in moved:
-                    piece, entry = slices[i], was[i]
-                    if piece.body is last[i].body and not piece.ends:  # read on: most slices
-                        # slice_entry(piece, entry[1]), inline: at 1M splits it runs 100k
-                        # times a batch
-                        now[i] = [entry[0], entry[1], piece.start, piece.stop, piece.seq]
-                    else:
-                        now[i] = self._entry(piece, last[i].body, entry)
-                entries.append(now)
-                changed.append([now[i] for i in moved if now[i] is not was[i]])
-                new = moved
+            read_on = None if moved is None else self._read_on(slices, last, was, moved, seq)
+            if read_on is not None:
+                now, new, read = read_on
+                changed.append(new)
             else:
-                before = self._entries_by_id() if self._seeded else _by_id(last, was)
-                now = [self._entry(s, *before.get(s.body.split_id, (None, None))) for s in slices]
-                entries.append(now)
+                by_id = self._entries_by_id() if self._seeded else _by_id(last, was)
+                now = [self._entry(s, *by_id.get(s.body.split_id, (None, None))) for s in slices]
                 changed.append(None)
-                new = list(range(len(slices)))
-            reads.append(
-                [now[i] for i in new if slices[i].seq == seq and slices[i].stop > slices[i].start]
-            )
+                read = [
+                    e for e, s in zip(now, slices, strict=True) if s.seq == seq and s.stop > s.start
+                ]
+            entries.append(now)
+            reads.append(read)
         self.since = self._entries if self._slots else None
         self._slots, self._entries, self.changed = offset.slots, entries, changed
         self._seeded, self._by_id = False, None
@@ -326,6 +317,40 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
             for slices, entries in zip(self._slots, self._entries, strict=True):
                 self._by_id.update(_by_id(slices, entries))
         return self._by_id
+
+    def _read_on(
+        self,
+        slices: Sequence[Slice[SplitT]],
+        last: Sequence[Slice[SplitT]],
+        was: list[list[Any]],
+        moved: list[int],
+        seq: int,
+    ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]] | None:
+        """A slot's entries when only its slices ``moved`` (indexes) are new since the
+        offset encoded last (``last``, encoded as ``was``), each of the same split id as
+        then: all of them, those that are new, and those that batch ``seq`` reads. None when
+        a split id differs (the slot holds other splits: encoded whole).
+
+        One pass over the moved slices (at 1M splits, 100k a batch): most read on from the
+        same split object and do not end, and get :func:`slice_entry`'s entry, inline."""
+        now = list(was)
+        new = []
+        read = []
+        for i in moved:
+            piece, entry = slices[i], was[i]
+            body, start, stop, read_by, ends = piece
+            if body.split_id != entry[0]:
+                return None
+            if body is last[i].body and not ends:  # read on: most slices
+                made = [entry[0], entry[1], start, stop, read_by]
+            else:
+                made = self._entry(piece, last[i].body, entry)
+            if made is not entry:
+                now[i] = made
+                new.append(made)
+            if read_by == seq and stop > start:
+                read.append(made)
+        return now, new, read
 
     def _entry(self, piece: Slice[SplitT], split: Any, entry: list[Any] | None) -> list[Any]:
         """``piece``'s entry; ``entry`` is what encoded ``split`` (of the same id) last."""

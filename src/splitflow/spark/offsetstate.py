@@ -44,6 +44,7 @@ files, unless they are of an older format); so a restore reads the snapshot and 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from splitflow.api.split import JsonDict
@@ -62,6 +63,7 @@ COMPACT_EVERY = 20
 """A state is written whole again after at most this many deltas."""
 
 _MISSING = object()
+_ID = itemgetter(0)  # of a slice's entry: its split id
 
 
 def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
@@ -177,11 +179,11 @@ class OffsetState(SnapshotLog):
             if old is not None and hint is not None:
                 slot = old
                 if hint:
-                    update = {entry[0]: entry for entry in hint}
+                    update = dict(zip(map(_ID, hint), hint, strict=True))
                     slot.update(update)
                     nested[key] = {"set": update}
             else:
-                slot = {entry[0]: entry for entry in entries}
+                slot = dict(zip(map(_ID, entries), entries, strict=True))
                 if old is None:
                     added[key] = slot
                 elif inner := difference(old, slot):

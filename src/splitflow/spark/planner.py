@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from operator import is_not, ne
+from operator import add, attrgetter, is_not, ne
 from typing import Any, Generic, cast
 
 import numpy as np
@@ -143,6 +143,7 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
+        self._left = 0  # how many times a split left its slot (_forget)
         # Each held split's position and extent in arrays: backlogs, ends and lags.
         self._table = SplitTable()
         # Each held split's extent, as last learnt (_extents), and the backlog boundaries
@@ -363,7 +364,7 @@ class Planner(Generic[SplitT, EnumStateT]):
                 self._pump()
                 if self._fix_target:
                     self._fix_target_now()
-                self._snapshot(0, {})  # checkpoint 0: everything assigned, nothing read
+                self._snapshot(0, None)  # checkpoint 0: everything assigned, nothing read
             self._initial = True
         return dict(INITIAL)
 
@@ -433,8 +434,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             enough = backlogs.total() >= limit.records
             if not enough and waited < limit.max_delay and self._target is None:
                 return dict(start)
-        reads = {sid: n for sid, n in reads_under(sized, backlogs, extents).items() if n > 0}
-        if not reads:
+        reads = self._table.placed(reads_under(sized, backlogs, extents))
+        if not len(reads.ids):
             return dict(start)  # nothing to read: Spark plans no batch
         seq = (self._last.seq if self._last else 0) + 1
         offset = self._snapshot(seq, reads, self._table.read_to_end(reads))
@@ -723,6 +724,7 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""
+        self._left += 1
         self._table.remove(split_id)
         self._stale.discard(split_id)
         slot_id = self._slot_of.pop(split_id, None)
@@ -803,8 +805,8 @@ class Planner(Generic[SplitT, EnumStateT]):
     ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
         """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``reads``
         records (split id -> records, none 0) of its splits ``read`` (in split id order),
-        and the slices of those; its read splits' slices and rows move on to where the batch
-        stops (the split objects stay: :meth:`_current`).
+        and the slices of those; its read splits' slices move on to where the batch stops
+        (the split objects stay: :meth:`_current`; the table's rows: :meth:`_snapshot`).
 
         Only the slices of the splits the batch reads are made anew: every other split keeps
         the slice object it had (``_pieces``), which saves the encoder and the state file
@@ -812,26 +814,33 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         self._sorted_slot(slot_id)
         pieces = self._pieces[slot_id]
-        stops = []
-        for sid in read:  # a new slice from where the last one stopped, of the same split
-            piece = pieces[sid]
-            stop = piece.stop + reads[sid]
-            pieces[sid] = Slice(piece.body, piece.stop, stop, seq)
-            stops.append(stop)
+        # A new slice from where the last one stopped, of the same split: made by maps, as
+        # Slice's own __new__ makes them (at 1M splits this runs 100k times a batch).
+        was = list(map(pieces.__getitem__, read))
+        starts = list(map(_STOP, was))
+        stops = list(map(add, starts, map(reads.__getitem__, read)))
+        made = tuple(
+            map(
+                _new,
+                itertools.repeat(Slice),
+                zip(map(_BODY, was), starts, stops, itertools.repeat(seq), itertools.repeat(False)),
+            )
+        )
+        pieces.update(zip(read, made, strict=True))
         self._stale.update(read)
-        self._table.move(read, stops)
         if seen := self._boundaries_seen:  # a boundary that changes is checked anyway
             reached = zip(read, stops, strict=True)
             self._reached.update(sid for sid, stop in reached if stop >= seen.get(sid, stop + 1))
-        return tuple(pieces.values()), tuple(map(pieces.__getitem__, read))
+        return tuple(pieces.values()), made
 
     def _snapshot(
         self,
         seq: int,
-        reads: Mapping[str, int],
+        reads: Backlogs | None,
         ends: Mapping[int, Sequence[str]] | None = None,
     ) -> BatchOffset[SplitT, EnumStateT]:
-        """Take checkpoint ``seq`` with every slot reading ``reads`` more records per split.
+        """Take checkpoint ``seq`` with every slot reading ``reads`` (of held splits, with
+        their rows: :meth:`SplitTable.placed`) more records per split.
 
         The splits ``ends`` names (per slot) are read to their final position: they are
         finished before the checkpoint, so that it records them finished and the batch
@@ -839,13 +848,22 @@ class Planner(Generic[SplitT, EnumStateT]):
         own to record the finish; a source that cleans up what a split read does it when
         this batch commits). They keep their slice in the offset, marked ``ends``.
         """
+        ends = ends or {}
         ending = {
             slot_id: [self._pieces[slot_id][sid] for sid in sids]
-            for slot_id, sids in (ends or {}).items()
+            for slot_id, sids in ends.items()
             if sids
         }
+        counts: dict[str, int] = {}  # records each split reads
+        by_slot: dict[int, list[str]] = {}  # the splits read, of each slot
+        if reads is not None:
+            counts = reads.as_dict()
+            by_slot = self._table.slots_of(reads)
+            self._table.advance(reads)
         backlog = self.coordinator.context.is_processing_backlog  # while the batch reads
-        self._finish(ends or {})
+        left = self._left
+        self._finish(ends)
+        others_left = self._left - left != sum(map(len, ends.values()))  # not only ends
         enumerator = self._settle(self.coordinator.checkpoint(seq))
         ledger = None
         if self._ledgers is not None:
@@ -859,22 +877,21 @@ class Planner(Generic[SplitT, EnumStateT]):
                     "stateDir to keep them in a state directory instead",
                     len(ids),
                 )
-        by_slot: dict[int, list[str]] = {}  # the splits read, of each slot
-        slot_of = self._slot_of
-        for sid in reads:
-            if (slot_id := slot_of.get(sid)) is not None:  # not those finished above
-                by_slot.setdefault(slot_id, []).append(sid)
         slots: list[tuple[Slice[SplitT], ...]] = []
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
-            slices, read = self._slices(slot_id, sorted(by_slot.get(slot_id, ())), reads, seq)
+            sids = by_slot.get(slot_id, [])
+            if slot_id in ending or others_left:  # not those finished (or removed) above
+                pieces = self._pieces[slot_id]
+                sids = [sid for sid in sids if sid in pieces]
+            slices, read = self._slices(slot_id, sids, counts, seq)
             if slot_id in ending:
                 slices = tuple(
                     sorted(
                         (
                             *slices,
                             *(
-                                Slice(p.body, p.stop, p.stop + reads[p.body.split_id], seq, True)
+                                Slice(p.body, p.stop, p.stop + counts[p.body.split_id], seq, True)
                                 for p in ending[slot_id]
                             ),
                         ),
@@ -1040,12 +1057,13 @@ def collect_garbage_less_often() -> None:
 
 
 def _collect_young_in_proportion(held: int) -> None:
-    """In a process that plans batches, let as many tracked objects as twice the ``held``
-    splits be made (and not freed) before the youngest generation is collected.
+    """In a process that plans batches, let as many tracked objects as three times the
+    ``held`` splits be made (and not freed) before the youngest generation is collected.
 
     A batch makes container objects in proportion to the splits it reads and the splits
     held (each slot's slices, the offset's entries), and drops those of the batch before
-    at its end. A collection that falls within a batch visits every young object alive
+    at its end: one that reads every split makes two per split (its slice and the slice's
+    entry), and a few more. A collection that falls within a batch visits every young object alive
     and what each refers to, and moves them to the next generation, whose collections
     visit them again: at 1M splits, 100k of them read a batch, the youngest generation was
     collected four times a batch (60 to 80 ms) and the next one every few batches (160 to
@@ -1053,9 +1071,12 @@ def _collect_young_in_proportion(held: int) -> None:
     until that many objects were made and not freed (the live objects are several times
     as many). The threshold only rises."""
     gen0, gen1, gen2 = gc.get_threshold()
-    if 2 * held > gen0:
-        gc.set_threshold(2 * held, gen1, gen2)
+    if 3 * held > gen0:
+        gc.set_threshold(3 * held, gen1, gen2)
 
+
+_BODY, _STOP = attrgetter("body"), attrgetter("stop")
+_new = tuple.__new__
 
 _QUIET_START = False
 """Whether this process plans batches (:func:`collect_garbage_less_often` was called)."""

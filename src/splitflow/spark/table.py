@@ -11,7 +11,7 @@ is past that (a log position).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import repeat
+from itertools import pairwise, repeat
 from operator import is_
 from typing import cast
 
@@ -118,7 +118,7 @@ class SplitTable:
         n = self._rows
         backlog = self.stop[:n] - self.position[:n]
         rows = np.flatnonzero(self.known[:n] & (backlog > 0))
-        return Backlogs(self.ids[rows], backlog[rows])
+        return Backlogs(self.ids[rows], backlog[rows], rows)
 
     def ended(self) -> dict[int, list[str]]:
         """Each slot's splits at their final position with nothing to read (sorted), to be
@@ -134,18 +134,34 @@ class SplitTable:
         )
         return self._by_slot(np.flatnonzero(at_end))
 
-    def read_to_end(self, reads: Mapping[str, int]) -> dict[int, list[str]]:
-        """Each slot's splits (sorted) that reading ``reads`` (split id -> records) more
-        records takes to their final position."""
-        held = list(map(self.row_of.get, reads))
-        counts = list(reads.values())
+    def placed(self, reads: Backlogs) -> Backlogs:
+        """``reads`` (of held splits) with each split's row: those it has, else looked up
+        (a split not held is left out)."""
+        if reads.rows is not None:
+            return reads
+        held = list(map(self.row_of.get, reads.ids.tolist()))
         if None in held:  # not expected: a batch reads held splits
-            kept = [i for i, row in enumerate(held) if row is not None]
-            held, counts = [held[i] for i in kept], [counts[i] for i in kept]
-        rows = np.array(held, np.intp)
-        stops = self.position[rows] + int_array(counts)
+            kept = np.array([row is not None for row in held], dtype=bool)
+            reads = Backlogs(reads.ids[kept], reads.values[kept])
+            held = [row for row in held if row is not None]
+        return Backlogs(reads.ids, reads.values, np.array(held, np.intp))
+
+    def read_to_end(self, reads: Backlogs) -> dict[int, list[str]]:
+        """Each slot's splits (sorted) that ``reads`` (:meth:`placed`) takes to their final
+        position."""
+        rows = cast(np.ndarray, reads.rows)
+        stops = self.position[rows] + reads.values
         at_end = self.known[rows] & self.final[rows] & (stops >= self.latest[rows])
         return self._by_slot(rows[at_end])
+
+    def advance(self, reads: Backlogs) -> None:
+        """The splits ``reads`` (:meth:`placed`) names are read on by its records."""
+        rows = cast(np.ndarray, reads.rows)
+        self._store("position", rows, self.position[rows] + reads.values)
+
+    def slots_of(self, reads: Backlogs) -> dict[int, list[str]]:
+        """Each slot's splits that ``reads`` (:meth:`placed`) names, sorted."""
+        return self._by_slot(cast(np.ndarray, reads.rows))
 
     def lags(self) -> np.ndarray:
         """What exists past each row's position (0 for rows without a split or extent)."""
@@ -167,10 +183,13 @@ class SplitTable:
         return self._by_slot(np.flatnonzero(lags > 0))
 
     def _by_slot(self, rows: np.ndarray) -> dict[int, list[str]]:
-        grouped: dict[int, list[str]] = {}
-        for sid, slot in zip(self.ids[rows].tolist(), self.slot[rows].tolist(), strict=True):
-            grouped.setdefault(int(slot), []).append(sid)
-        return {slot: sorted(sids) for slot, sids in sorted(grouped.items())}
+        """The splits of ``rows`` grouped by slot (in slot order), each group sorted."""
+        slots = self.slot[rows]
+        order = np.argsort(slots, kind="stable")
+        slots = slots[order]
+        ids = self.ids[rows[order]].tolist()
+        starts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), len(ids)]
+        return {int(slots[a]): sorted(ids[a:b]) for a, b in pairwise(starts) if a < b}
 
     # -- storage ------------------------------------------------------------------------
 
