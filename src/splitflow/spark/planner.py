@@ -28,7 +28,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from operator import add, attrgetter, is_not, ne
 from typing import Any, Generic, cast
 
@@ -664,20 +663,18 @@ class Planner(Generic[SplitT, EnumStateT]):
             return extents
         first, (self._token, changes) = self._token is None, tracked
         extents = self._extent_of
-        changed: AbstractSet[str] | None = None  # None: every held split
-        noted_from: Mapping[str, SplitExtent] | None = None  # changed's extents, if not extents
         if first:  # at a start, or after the source could not tell: ask for every split
             extents.clear()
             ask = [s for slot in self._current().values() for s in slot.values()]
             asked, self._unknown = set(self._slot_of), set()
         else:
-            if changes.keys() <= self._slot_of.keys() and not holds_none(changes.values()):
+            # Into the table first, from the source's own mapping (a small dict): the table
+            # finds which are held as it notes them.
+            all_held = self._learnt(changes.keys(), cast(Mapping[str, SplitExtent], changes))
+            if all_held and not holds_none(changes.values()):
                 extents.update(changes)  # all held, none gone: at C speed
-                noted_from = cast(Mapping[str, SplitExtent], changes)  # a small dict, in its order
-                changed = changes.keys()
             else:
-                changed = changes.keys() & self._slot_of.keys()
-                for sid in changed:
+                for sid in changes.keys() & self._slot_of.keys():
                     extent = changes[sid]
                     if extent is None:
                         extents.pop(sid, None)
@@ -694,9 +691,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         for sid in missing:
             extents.pop(sid, None)
         self._unknown |= missing
-        if changed is not None and asked:
-            changed, noted_from = changed | asked, None
-        self._learnt(changed, noted_from)
+        if first or asked:
+            self._learnt(None if first else asked)
         return extents
 
     def _current(self, sids: Iterable[str] | None = None) -> dict[int, dict[str, SplitT]]:
@@ -715,12 +711,12 @@ class Planner(Generic[SplitT, EnumStateT]):
 
     def _learnt(
         self, moved: Iterable[str] | None, told: Mapping[str, SplitExtent] | None = None
-    ) -> None:
+    ) -> bool:
         """The extents of held splits ``moved`` (None: every held split) into the table, from
-        ``told`` (default: :attr:`_extent_of`)."""
+        ``told`` (default: :attr:`_extent_of`); whether every one of them is held."""
         capped = self._cap if self._target is not None else None
         extents = self._extent_of if told is None else told
-        self._table.note(self._slot_of if moved is None else moved, extents, capped)
+        return self._table.note(self._slot_of if moved is None else moved, extents, capped)
 
     def _forget(self, split_id: str) -> None:
         """Split ``split_id`` left its slot (finished or removed)."""

@@ -73,16 +73,18 @@ class SplitTable:
         ids: Iterable[str],
         extents: Mapping[str, SplitExtent],
         cap: Callable[[str, SplitExtent], int] | None = None,
-    ) -> None:
+    ) -> bool:
         """The extents of splits ``ids`` (those not held are left out; none in ``extents``:
-        not known), and how far a batch may read each (``cap``; default: its ``latest``).
+        not known), and how far a batch may read each (``cap``; default: its ``latest``);
+        whether every one of ``ids`` is held.
 
         One dict lookup per split in each of the two dicts: at 1M splits every lookup of a
         changed split misses the CPU's caches."""
         ids = list(ids)
         held = list(map(self.row_of.get, ids))
         told = list(map(extents.get, ids))
-        if None in held or holds_none(told):
+        all_held = None not in held
+        if not all_held or holds_none(told):
             self.known[
                 [r for r, e in zip(held, told, strict=True) if r is not None and e is None]
             ] = False
@@ -98,7 +100,7 @@ class SplitTable:
             )
         rows, found = cast(list[int], held), cast(list[SplitExtent], told)
         if not rows:
-            return
+            return all_held
         at = np.array(rows, np.intp)
         latest = [extent.latest for extent in found]
         available = [extent.available for extent in found]
@@ -110,6 +112,7 @@ class SplitTable:
         self._store("stop", at, latest if cap is None else list(map(cap, ids, found)))
         self.final[at] = [extent.final for extent in found]
         self.known[at] = True
+        return all_held
 
     # -- array expressions over every row ---------------------------------------------
 
