@@ -41,37 +41,6 @@ def test_changes_since_a_version_are_every_split_added_appended_sealed_or_remove
     assert catalog.changes(version) == (version, {})
 
 
-def test_changes_since_every_version_are_the_same_in_memory_as_in_a_file(tmp_path: Path) -> None:
-    """An in-memory catalog answers from a log of its changes, which drops its older half as
-    it grows (then older versions are answered by a walk of every split's version); a file
-    catalog always walks. Both answer the same for every version, through appends alone
-    (the fast path), seals, removals and additions, and past several cuts of the log."""
-    names = {"a": 1, "b": 2, "c": 3}
-    memory = SequenceCatalog(names)
-    file = SequenceCatalog(names, path=str(tmp_path / "catalog.json"))
-    first = file.versions()[0]  # the file catalog starts after its own initial write
-
-    def same_changes() -> None:
-        for since in range(memory.versions()[0] + 1):
-            assert memory.changes(since) == (
-                file.changes(since + first)[0] - first,
-                file.changes(since + first)[1],
-            ), since
-
-    for step in range(2_600):  # over 2 * 3 + 1_000 changes: the log is cut twice
-        name = "abc"[step % 3]
-        for catalog in (memory, file):
-            catalog.append(name, 1)
-    assert memory._logged_from > 0  # the log was cut
-    same_changes()
-    for catalog in (memory, file):
-        catalog.seal("a")
-        catalog.remove("b")
-        catalog.add("d", 4)
-        catalog.append("c", 1)
-    same_changes()
-
-
 def test_a_process_reading_the_file_sees_the_changes_another_made(tmp_path: Path) -> None:
     path = str(tmp_path / "catalog.json")
     writer = SequenceCatalog({"a": 1, "b": 2}, path=path)

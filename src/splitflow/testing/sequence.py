@@ -11,10 +11,8 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Collection, Mapping, Sequence
-from itertools import compress, repeat, takewhile
-from operator import is_
-from typing import Any, ClassVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from splitflow.api.assigner import AssignerState, AssignerStateCodec, AssigningSplitEnumerator
 from splitflow.api.assignment import AssignmentStrategy
@@ -58,9 +56,6 @@ class SequenceCatalog:
         self._version = 0
         self._versions: dict[str, int] = {}  # name -> version of its last change, in order
         self._members = 0  # the version of the last split added or removed
-        # In memory: the name each change after version _logged_from changed, in order.
-        self._log: list[str] = []
-        self._logged_from = 0
         self.path = path
         if path is not None:
             self.key = f"file:{os.path.abspath(path)}"
@@ -149,12 +144,6 @@ class SequenceCatalog:
         self._versions[name] = self._version
         if member:
             self._members = self._version
-        if self.path is None:
-            self._log.append(name)
-            if len(self._log) > 2 * len(self._versions) + 1_000:  # the older half goes
-                cut = len(self._log) // 2
-                del self._log[:cut]
-                self._logged_from += cut
         self._save()
 
     def is_sealed(self, name: str) -> bool:
@@ -201,24 +190,12 @@ class SequenceCatalog:
             if since is not None and since > self._version:
                 return self._version, None
             changed: dict[str, tuple[int, bool] | None] = {}
-            if since is None:
-                return self._version, changed
-            lengths = self._lengths
-            names: Collection[str]
-            if self.path is None and since >= self._logged_from:  # from the log, at C speed
-                names = dict.fromkeys(self._log[since - self._logged_from :]).keys()
-                if not self._sealed and names <= lengths.keys():  # none sealed, none gone
-                    changed.update(
-                        zip(names, zip(map(lengths.__getitem__, names), repeat(False)), strict=True)
-                    )
-                    return self._version, changed
-            else:
-                names = list(  # newest first
-                    takewhile(lambda name: self._versions[name] > since, reversed(self._versions))
-                )
-            for name in names:
-                length = lengths.get(name)
-                changed[name] = None if length is None else (length, name in self._sealed)
+            if since is not None:
+                for name, version in reversed(self._versions.items()):
+                    if version <= since:
+                        break
+                    length = self._lengths.get(name)
+                    changed[name] = None if length is None else (length, name in self._sealed)
             return self._version, changed
 
     def records(self) -> list[SequenceRecord]:
@@ -292,12 +269,11 @@ class SequenceEnumerator(AssigningSplitEnumerator[SequenceSplit]):
         version, changed = self._source.catalog.changes(tracked)
         if changed is None:
             return None
-        shared = cast(Mapping[object, SplitExtent], self._extents)
-        found = dict(zip(changed, map(shared.get, changed.values()), strict=True))
-        for name in list(compress(found, map(is_, found.values(), repeat(None)))):
-            extent = changed[name]  # a new extent (made once), or the split is gone
-            found[name] = None if extent is None else self._extent(*extent)
-        return version, found
+        shared = self._extents
+        return version, {
+            name: None if extent is None else shared.get(extent) or self._extent(*extent)
+            for name, extent in changed.items()
+        }
 
     def _extent(self, latest: int, final: bool) -> SplitExtent:
         """One object per distinct extent (the planner compares extents by identity)."""
