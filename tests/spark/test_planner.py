@@ -424,6 +424,47 @@ def test_a_split_removed_as_another_finishes_is_left_out_of_the_batch_that_finis
     assert query.batch() == [("b", 3), ("b", 4)]
 
 
+class _AssigningAgainOnFinishEnumerator(SequenceEnumerator):
+    """As split ``a`` finishes, assigns split ``c`` again from its start, a new object:
+    after removing it (``remove``), or while it is held."""
+
+    remove = True
+
+    def handle_source_event(self, reader_id: int, event: Any) -> None:
+        super().handle_source_event(reader_id, event)
+        if isinstance(event, SplitsFinishedEvent) and "a" in event.split_ids:
+            if self.remove:
+                self.remove_splits(["c"])
+            self.add_splits([SequenceSplit("c")])
+
+
+@pytest.mark.parametrize("remove", [True, False], ids=["removed-and-added", "assigned-again"])
+def test_a_split_assigned_again_as_another_finishes_is_planned_from_where_it_is_now(
+    clock: FakeClock, remove: bool
+) -> None:
+    """The batch that reads ``a`` to its end also reads ``c``, which the enumerator assigns
+    again from its start while ``a`` finishes: the next batch reads ``c`` from where the
+    new assignment's slice stops, never past the records ``c`` has, and the planner's
+    table agrees with every slice."""
+
+    class Source(SequenceSource):
+        def create_enumerator(self, context: Any) -> Any:
+            enumerator = _AssigningAgainOnFinishEnumerator(self, context, None)
+            enumerator.remove = remove
+            return enumerator
+
+    catalog = SequenceCatalog({"a": 3, "c": 3})
+    catalog.seal("a")
+    query = Query(Planner(Source(catalog, discovery_interval=DISCOVERY), 1, clock=clock))
+    query.drain()
+    assert all(i < 3 for _, i in query.read), query.read  # nothing past c's records
+    assert sorted(set(query.read)) == [(name, i) for name in "ac" for i in range(3)]
+    planner = query.planner
+    table = planner._table
+    for sid, row in table.row_of.items():
+        assert table.position[row] == planner._pieces[planner._slot_of[sid]][sid].stop
+
+
 # -- plan_partitions ------------------------------------------------------------------------------
 
 

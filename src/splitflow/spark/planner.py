@@ -86,6 +86,9 @@ INITIAL: JsonDict = {"splitflow": OFFSET_FORMAT, "seq": 0, "initial": True}
 LEDGER_WARNING = 10_000
 """Finished splits in offsets beyond which a query without ``stateDir`` gets a warning."""
 
+_BODY, _STOP = attrgetter("body"), attrgetter("stop")  # of a Slice
+_new = tuple.__new__
+
 
 # -- the planner -------------------------------------------------------------------------------
 
@@ -142,7 +145,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         self._unsorted: set[int] = set()  # slots whose dict is not in split id order
         self._encoder = OffsetEncoder(source)  # reuses what the last offset encoded
         self._slot_of: dict[str, int] = {}  # split id -> the slot that holds it
-        self._left = 0  # how many times a split left its slot (_forget)
+        self._left = 0  # how many times a split left a slot (_forget)
+        self._joined: set[str] | None = None  # while _snapshot watches: the splits assigned
         # Each held split's position and extent in arrays: backlogs, ends and lags.
         self._table = SplitTable()
         # Each held split's extent, as last learnt (_extents), and the backlog boundaries
@@ -291,6 +295,8 @@ class Planner(Generic[SplitT, EnumStateT]):
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._stale.difference_update(ids)
             self._table.add(ids, reader_id, [split.position for split in message.splits])
+            if self._joined is not None:
+                self._joined.update(ids)
             self._changed.update(ids)
             self._unknown.update(ids)
             self._unsorted.add(reader_id)
@@ -668,10 +674,11 @@ class Planner(Generic[SplitT, EnumStateT]):
             ask = [s for slot in self._current().values() for s in slot.values()]
             asked, self._unknown = set(self._slot_of), set()
         else:
-            # Into the table first, from the source's own mapping (a small dict): the table
-            # finds which are held as it notes them.
-            all_held = self._learnt(changes.keys(), cast(Mapping[str, SplitExtent], changes))
-            if all_held and not holds_none(changes.values()):
+            asked, self._unknown = self._unknown, set()  # splits assigned from now: next call
+            # Unless some are to be asked (noted below, with those), the changes go into the
+            # table from the source's own mapping (a small dict), which finds which are held.
+            noted = not asked and self._learnt(changes.keys(), cast(Mapping[str, Any], changes))
+            if noted and not holds_none(changes.values()):
                 extents.update(changes)  # all held, none gone: at C speed
             else:
                 for sid in changes.keys() & self._slot_of.keys():
@@ -680,7 +687,6 @@ class Planner(Generic[SplitT, EnumStateT]):
                         extents.pop(sid, None)
                     else:
                         extents[sid] = extent
-            asked, self._unknown = self._unknown, set()  # splits assigned from now: next call
             slots = self._current(asked)
             ask = [slots[self._slot_of[sid]][sid] for sid in sorted(asked)]
         told = self._settle(coordinator.latest_positions(ask)) if ask else {}
@@ -692,7 +698,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             extents.pop(sid, None)
         self._unknown |= missing
         if first or asked:
-            self._learnt(None if first else asked)
+            self._learnt(None if first else changes.keys() | asked)
         return extents
 
     def _current(self, sids: Iterable[str] | None = None) -> dict[int, dict[str, SplitT]]:
@@ -852,15 +858,28 @@ class Planner(Generic[SplitT, EnumStateT]):
         }
         counts: dict[str, int] = {}  # records each split reads
         by_slot: dict[int, list[str]] = {}  # the splits read, of each slot
-        if reads is not None:
+        if reads is not None:  # by the table's rows, which finishing splits may reuse
             counts = reads.as_dict()
             by_slot = self._table.slots_of(reads)
             self._table.advance(reads)
         backlog = self.coordinator.context.is_processing_backlog  # while the batch reads
-        left = self._left
-        self._finish(ends)
-        others_left = self._left - left != sum(map(len, ends.values()))  # not only ends
-        enumerator = self._settle(self.coordinator.checkpoint(seq))
+        left, self._joined = self._left, set()
+        try:
+            self._finish(ends)
+            enumerator = self._settle(self.coordinator.checkpoint(seq))
+        finally:
+            joined, self._joined = self._joined, None
+        # Meanwhile the enumerator may have removed or assigned (again) splits the batch
+        # reads: then they are grouped and moved as they are now, one look-up each.
+        settled = self._left - left == sum(map(len, ends.values())) and not any(
+            sid in counts for sid in joined
+        )
+        if not settled:
+            by_slot = {}
+            for sid in counts:
+                if (slot_id := self._slot_of.get(sid)) is not None:
+                    by_slot.setdefault(slot_id, []).append(sid)
+            by_slot = {slot_id: sorted(sids) for slot_id, sids in by_slot.items()}
         ledger = None
         if self._ledgers is not None:
             stripped, ids = self._ledgers.split_ledger(enumerator)
@@ -877,10 +896,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
             sids = by_slot.get(slot_id, [])
-            if slot_id in ending or others_left:  # not those finished (or removed) above
+            if slot_id in ending:  # not those finished above
                 pieces = self._pieces[slot_id]
                 sids = [sid for sid in sids if sid in pieces]
             slices, read = self._slices(slot_id, sids, counts, seq)
+            if not settled:
+                self._table.move(sids, [piece.stop for piece in read])
             if slot_id in ending:
                 slices = tuple(
                     sorted(
@@ -1059,20 +1080,17 @@ def _collect_young_in_proportion(held: int) -> None:
     A batch makes container objects in proportion to the splits it reads and the splits
     held (each slot's slices, the offset's entries), and drops those of the batch before
     at its end: one that reads every split makes two per split (its slice and the slice's
-    entry), and a few more. A collection that falls within a batch visits every young object alive
-    and what each refers to, and moves them to the next generation, whose collections
-    visit them again: at 1M splits, 100k of them read a batch, the youngest generation was
-    collected four times a batch (60 to 80 ms) and the next one every few batches (160 to
-    300 ms). With this bound no collection falls within a batch; cyclic garbage waits
-    until that many objects were made and not freed (the live objects are several times
-    as many). The threshold only rises."""
+    entry), and a few more. A collection that falls within a batch visits every young
+    object alive and what each refers to, and moves them to the next generation, whose
+    collections visit them again: at 1M splits, 100k of them read a batch, the youngest
+    generation was collected four times a batch (60 to 80 ms) and the next one every few
+    batches (160 to 300 ms). With this bound no collection falls within a batch; cyclic
+    garbage waits until that many objects were made and not freed (the live objects are
+    several times as many). The threshold only rises."""
     gen0, gen1, gen2 = gc.get_threshold()
     if 3 * held > gen0:
         gc.set_threshold(3 * held, gen1, gen2)
 
-
-_BODY, _STOP = attrgetter("body"), attrgetter("stop")
-_new = tuple.__new__
 
 _QUIET_START = False
 """Whether this process plans batches (:func:`collect_garbage_less_often` was called)."""
