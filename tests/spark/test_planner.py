@@ -393,19 +393,33 @@ def test_a_split_removed_as_the_source_falls_behind_leaves_the_budget_to_the_oth
     assert query.batch(limit) == [("a", i) for i in range(10, 14)]  # b removed, its share a's
 
 
-class _RemovingOnFinishEnumerator(SequenceEnumerator):
-    """Removes split ``c`` as it handles split ``a``'s finish: a held split that the batch
-    which reads ``a`` to its end also reads, removed while the planner finishes ``a``."""
+class _OnFinishEnumerator(SequenceEnumerator):
+    """As split ``a`` finishes, removes split ``c`` (``remove``), and assigns it again from
+    its start, a new object (``again``): a split that the batch which reads ``a`` to its
+    end also reads, changed while the planner finishes ``a``."""
+
+    remove = True
+    again = False
 
     def handle_source_event(self, reader_id: int, event: Any) -> None:
         super().handle_source_event(reader_id, event)
         if isinstance(event, SplitsFinishedEvent) and "a" in event.split_ids:
-            self.remove_splits(["c"])
+            if self.remove:
+                self.remove_splits(["c"])
+            if self.again:
+                self.add_splits([SequenceSplit("c")])
 
 
-class _RemovingOnFinishSource(SequenceSource):
-    def create_enumerator(self, context: Any) -> Any:
-        return _RemovingOnFinishEnumerator(self, context, None)
+def _on_finish_source(
+    catalog: SequenceCatalog, *, remove: bool, again: bool, discovery_interval: float | None
+) -> SequenceSource:
+    class Source(SequenceSource):
+        def create_enumerator(self, context: Any) -> Any:
+            enumerator = _OnFinishEnumerator(self, context, None)
+            enumerator.remove, enumerator.again = remove, again
+            return enumerator
+
+    return Source(catalog, discovery_interval=discovery_interval)
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3])
@@ -414,7 +428,8 @@ def test_a_split_removed_as_another_finishes_is_left_out_of_the_batch_that_finis
 ) -> None:
     catalog = SequenceCatalog({"a": 3, "b": 3, "c": 3})
     catalog.seal("a")
-    query = Query(Planner(_RemovingOnFinishSource(catalog), parallelism, clock=clock))
+    source = _on_finish_source(catalog, remove=True, again=False, discovery_interval=None)
+    query = Query(Planner(source, parallelism, clock=clock))
     read = query.batch()
     assert sorted(read or []) == [(name, i) for name in "ab" for i in range(3)]
     slices = [s for slot in query.planner.planned(query.offset).slots for s in slot]
@@ -422,20 +437,6 @@ def test_a_split_removed_as_another_finishes_is_left_out_of_the_batch_that_finis
     catalog.append("b", 2)
     clock.advance(DISCOVERY)
     assert query.batch() == [("b", 3), ("b", 4)]
-
-
-class _AssigningAgainOnFinishEnumerator(SequenceEnumerator):
-    """As split ``a`` finishes, assigns split ``c`` again from its start, a new object:
-    after removing it (``remove``), or while it is held."""
-
-    remove = True
-
-    def handle_source_event(self, reader_id: int, event: Any) -> None:
-        super().handle_source_event(reader_id, event)
-        if isinstance(event, SplitsFinishedEvent) and "a" in event.split_ids:
-            if self.remove:
-                self.remove_splits(["c"])
-            self.add_splits([SequenceSplit("c")])
 
 
 @pytest.mark.parametrize("remove", [True, False], ids=["removed-and-added", "assigned-again"])
@@ -446,16 +447,10 @@ def test_a_split_assigned_again_as_another_finishes_is_planned_from_where_it_is_
     again from its start while ``a`` finishes: the next batch reads ``c`` from where the
     new assignment's slice stops, never past the records ``c`` has, and the planner's
     table agrees with every slice."""
-
-    class Source(SequenceSource):
-        def create_enumerator(self, context: Any) -> Any:
-            enumerator = _AssigningAgainOnFinishEnumerator(self, context, None)
-            enumerator.remove = remove
-            return enumerator
-
     catalog = SequenceCatalog({"a": 3, "c": 3})
     catalog.seal("a")
-    query = Query(Planner(Source(catalog, discovery_interval=DISCOVERY), 1, clock=clock))
+    source = _on_finish_source(catalog, remove=remove, again=True, discovery_interval=DISCOVERY)
+    query = Query(Planner(source, 1, clock=clock))
     query.drain()
     assert all(i < 3 for _, i in query.read), query.read  # nothing past c's records
     assert sorted(set(query.read)) == [(name, i) for name in "ac" for i in range(3)]

@@ -870,16 +870,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         finally:
             joined, self._joined = self._joined, None
         # Meanwhile the enumerator may have removed or assigned (again) splits the batch
-        # reads: then they are grouped and moved as they are now, one look-up each.
+        # reads: then they are grouped by their rows as they are now (looked up, those
+        # still held) and moved after their slices are made.
         settled = self._left - left == sum(map(len, ends.values())) and not any(
             sid in counts for sid in joined
         )
         if not settled:
-            by_slot = {}
-            for sid in counts:
-                if (slot_id := self._slot_of.get(sid)) is not None:
-                    by_slot.setdefault(slot_id, []).append(sid)
-            by_slot = {slot_id: sorted(sids) for slot_id, sids in by_slot.items()}
+            by_slot = self._table.slots_of(self._table.placed(Backlogs.of(counts)))
         ledger = None
         if self._ledgers is not None:
             stripped, ids = self._ledgers.split_ledger(enumerator)
