@@ -180,6 +180,12 @@ def test_a_batch_writes_a_delta_the_size_of_what_it_changed(tmp_path: Path) -> N
     # (the enumerator's state); each slice stays as the first batch left it.
     assert 5 * deltas[0] < base, (deltas, base)
     assert max(deltas[1:]) * 200 < base, (deltas, base)  # one split's slice, not 2,000
+    # A split read on keeps its split encoding: the delta names only where its slice is now.
+    last = orjson.loads((files / f"delta-{ref.deltas[-1]}.json").read_bytes())
+    slot, change = next(iter(last["sub"]["slots"]["sub"].items()))
+    split = query.planner.planned(query.offset).slots[int(slot)]
+    assert change == {"moved": {"s00003": [1, 4, query.offset["seq"]]}}, last
+    assert any(s.body.split_id == "s00003" and s.records == 3 for s in split)
 
 
 def test_a_snapshot_comes_after_at_most_compact_every_deltas_or_half_its_size(
@@ -195,14 +201,20 @@ def test_a_snapshot_comes_after_at_most_compact_every_deltas_or_half_its_size(
     assert all(len(ref.deltas) <= COMPACT_EVERY for ref in refs)
     assert len({ref.base for ref in refs}) >= 3  # the base moved on
 
-    # Every split changing every batch: the deltas outgrow half the snapshot at once.
+    # Every split changing every batch: the deltas soon outgrow half the snapshot.
+    files = tmp_path / "all" / "offsets"
     query = Query(planner(catalog, FakeClock(), tmp_path / "all"))
-    for _ in range(4):
+    bases = set()
+    for _ in range(6):
         for name in catalog.lengths():
             catalog.append(name, 1)
         assert query.batch() is not None
         ref = StateRef.decode(query.offset["state"])
-        assert len(ref.deltas) <= 1, ref
+        base = (files / f"snapshot-{ref.base}.json").stat().st_size
+        deltas = [(files / f"delta-{d}.json").stat().st_size for d in ref.deltas]
+        assert 2 * sum(deltas) <= base, (ref, deltas, base)
+        bases.add(ref.base)
+    assert len(bases) >= 2, bases
 
 
 def test_a_replay_reads_the_same_records_after_a_newer_snapshot_superseded_its_base(
@@ -558,11 +570,35 @@ FORMAT_4_FILES = {
         }
     },
 }
+# Format 6, before deltas named the slices that moved on: every changed entry set whole.
+FORMAT_6_OFFSET = {**FORMAT_2_OFFSET, "splitflow": 6}
+FORMAT_6_FILES = {
+    **FORMAT_2_FILES,
+    "offsets/snapshot-1.json": {
+        "enumerator": _ENUMERATOR_THEN,
+        "slots": {
+            "0": {"a": ["a", _split("a", 0), 0, 2, 1], "c": ["c", _split("c", 0), 0, 0, 0]},
+            "1": {"b": ["b", _split("b", 0), 0, 2, 1]},
+        },
+        "event_times": {},
+    },
+    "offsets/delta-2.json": {
+        "sub": {
+            "slots": {
+                "sub": {
+                    "0": {"set": {"a": ["a", _split("a", 0), 2, 4, 2]}},
+                    "1": {"set": {"b": ["b", _split("b", 0), 2, 3, 2]}},
+                }
+            }
+        }
+    },
+}
 OLD_FORMATS = {
     1: (FORMAT_1_OFFSET, None),
     2: (FORMAT_2_OFFSET, FORMAT_2_FILES),
     3: (FORMAT_3_OFFSET, None),
     4: (FORMAT_4_OFFSET, FORMAT_4_FILES),
+    6: (FORMAT_6_OFFSET, FORMAT_6_FILES),
 }
 
 

@@ -221,6 +221,16 @@ def _format_1_slice(split: SplitT, stop: int, seq: int, ends: bool) -> Slice[Spl
     return Slice(split, split.position, stop, seq if stop > split.position else 0, ends)
 
 
+class Changed(NamedTuple):
+    """A slot's entries that changed from one offset to the next."""
+
+    split: list[list[Any]]
+    """Entries of splits new to the slot, or encoded anew (another split object)."""
+    kept: list[list[Any]]
+    """Entries that keep the split encoding (the same object) of the slot's entry before:
+    only their slice's start, stop, seq or end changed."""
+
+
 class OffsetEncoder(Generic[SplitT, EnumStateT]):
     """Encodes one planner's offsets, each reusing what the one before it encoded.
 
@@ -243,10 +253,9 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         self._codec = source.split_codec
         self._slots: Sequence[Sequence[Slice[SplitT]]] = ()
         self._entries: list[list[list[Any]]] = []
-        self.changed: list[list[list[Any]] | None] = []
-        """Per slot of the offset encoded last: the entries that are new (their split, start,
-        stop or seq changed; the others are as in :attr:`since`), or None when the slot was
-        encoded whole."""
+        self.changed: list[Changed | None] = []
+        """Per slot of the offset encoded last: its entries that are new (the others are as
+        in :attr:`since`), or None when the slot was encoded whole."""
         self.since: list[list[list[Any]]] | None = None
         """The ``slots`` of the offset encoded before the last one (what :attr:`changed`
         is relative to)."""
@@ -267,7 +276,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         enum_codec = self.source.enumerator_state_codec
         self._codec = self.source.split_codec  # a source may make it anew on each access
         entries: list[list[list[Any]]] = []
-        changed: list[list[list[Any]] | None] = []
+        changed: list[Changed | None] = []
         reads: list[list[list[Any]]] = []  # each slot's entries of the slices read
         seq = offset.seq
         for index, slices in enumerate(offset.slots):
@@ -325,7 +334,7 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         was: list[list[Any]],
         moved: list[int],
         seq: int,
-    ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]] | None:
+    ) -> tuple[list[list[Any]], Changed, list[list[Any]]] | None:
         """A slot's entries when only its slices ``moved`` (indexes) are new since the
         offset encoded last (``last``, encoded as ``was``), each of the same split id as
         then: all of them, those that are new, and those that batch ``seq`` reads. None when
@@ -334,7 +343,8 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
         One pass over the moved slices (at 1M splits, 100k a batch): most read on from the
         same split object and do not end, and get :func:`slice_entry`'s entry, inline."""
         now = list(was)
-        new = []
+        new = Changed([], [])
+        split, kept = new.split, new.kept
         read = []
         for i in moved:
             piece, entry = slices[i], was[i]
@@ -343,11 +353,12 @@ class OffsetEncoder(Generic[SplitT, EnumStateT]):
                 return None
             if body is last[i].body and not ends:  # read on: most slices
                 made = [entry[0], entry[1], start, stop, read_by]
+                kept.append(made)
             else:
                 made = self._entry(piece, last[i].body, entry)
-            if made is not entry:
-                now[i] = made
-                new.append(made)
+                if made is not entry:
+                    (kept if made[1] is entry[1] else split).append(made)
+            now[i] = made
             if read_by == seq and stop > start:
                 read.append(made)
         return now, new, read

@@ -5,7 +5,7 @@ Without a state directory, Spark's offset of a batch is the whole checkpoint of 
 slot's splits with their slices, each split's watermark. That grows with the number of
 live splits (about 100 bytes each), and Spark parses it several times per batch and keeps a
 hundred of them. With a state directory the planner hands Spark a small offset instead
-(format 6): the same offset with those three parts (the *state*) moved into files, and a
+(format 7): the same offset with those three parts (the *state*) moved into files, and a
 :class:`~splitflow.spark.snapshots.StateRef` naming the files in their place::
 
     <stateDir>/offsets/snapshot-<n>.json   the state of batch n, whole
@@ -21,9 +21,11 @@ token, the number of slots and the state's reference (a snapshot and at most
 {...}}``, the slices as the whole offset writes them, keyed by slot and split id. A delta
 is a structural difference of two such documents (:func:`difference`): for each object,
 the members set (new or changed), dropped, and the nested objects that changed; arrays and
-values are set whole. A batch that reads 1% of the splits writes a delta about the size
-of those splits' slices (a slice stays as the batch that read it left it until a batch
-reads the split again).
+values are set whole. A slot's slices that keep their split (the same encoding: most of
+those a batch reads on) are ``moved`` instead of set: ``{"<split id>": [start, stop, seq,
+(1)]}``, the entry without its split id and split, which stay as they were. A batch that
+reads 1% of the splits writes a delta about the size of those splits' positions (a slice
+stays as the batch that read it left it until a batch reads the split again).
 
 **Why a replay reads the same records.** A batch's files are written before Spark learns
 its offset, and never written again while an offset Spark keeps refers to them
@@ -49,21 +51,23 @@ from typing import Any
 
 from splitflow.api.split import JsonDict
 from splitflow.errors import CheckpointStateError, ConfigurationError
-from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, OLD_OFFSET_FORMAT
+from splitflow.spark.offset import FORMAT_3, OFFSET_FORMAT, OLD_OFFSET_FORMAT, Changed
 from splitflow.spark.snapshots import SnapshotLog, StateRef, to_json
 from splitflow.spark.statedir import StateStore
 
-FULL, SMALL = OFFSET_FORMAT, 6
+FULL, SMALL = OFFSET_FORMAT, 7
 """The offset formats: the whole checkpoint, and the one whose state is in files."""
-WHOLE_OF = {SMALL: FULL, 4: FORMAT_3, 2: OLD_OFFSET_FORMAT}
-"""Each small format, read, and the whole format of its time: 4 and 3 before slices named
-where they start, 2 and 1 before slices named the batch that read them."""
+WHOLE_OF = {SMALL: FULL, 6: FULL, 4: FORMAT_3, 2: OLD_OFFSET_FORMAT}
+"""Each small format, read, and the whole format of its time: 6 before deltas named the
+slices that moved on (``moved``), 4 and 3 before slices named where they start, 2 and 1
+before slices named the batch that read them."""
 
 COMPACT_EVERY = 20
 """A state is written whole again after at most this many deltas."""
 
 _MISSING = object()
 _ID = itemgetter(0)  # of a slice's entry: its split id
+_MOVED = itemgetter(slice(2, None))  # of a slice's entry: what follows its split
 
 
 def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
@@ -96,10 +100,13 @@ def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
 
 
 def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
-    """``document`` with ``change`` (a :func:`difference`) applied, in place."""
+    """``document`` with ``change`` (a :func:`difference`, or a slot's change with
+    ``moved``: see the module doc) applied, in place."""
     for key in change.get("drop", ()):
         document.pop(key, None)
     document.update(change.get("set", {}))
+    for key, rest in change.get("moved", {}).items():
+        document[key] = [*document[key][:2], *rest]
     for key, inner in change.get("sub", {}).items():
         patched(document[key], inner)
     return document
@@ -124,7 +131,7 @@ class OffsetState(SnapshotLog):
     def compact(
         self,
         offset: JsonDict,
-        changed: Sequence[Sequence[list[Any]] | None] | None = None,
+        changed: Sequence[Changed | None] | None = None,
         since: object = None,
     ) -> JsonDict:
         """Whole ``offset`` as a small one, its state written to files first.
@@ -164,7 +171,7 @@ class OffsetState(SnapshotLog):
         return {**kept, "splitflow": SMALL, "parallelism": parallelism, "state": ref.encode()}
 
     def _state_after(
-        self, offset: JsonDict, hints: Sequence[Sequence[list[Any]] | None] | None
+        self, offset: JsonDict, hints: Sequence[Changed | None] | None
     ) -> tuple[JsonDict, JsonDict]:
         """The state of ``offset``, and the :func:`difference` of its slots from those of the
         state before (which it may update in place: it is not needed after)."""
@@ -178,10 +185,16 @@ class OffsetState(SnapshotLog):
             hint = hints[index] if hints is not None and index < len(hints) else None
             if old is not None and hint is not None:
                 slot = old
-                if hint:
-                    update = dict(zip(map(_ID, hint), hint, strict=True))
-                    slot.update(update)
-                    nested[key] = {"set": update}
+                change: JsonDict = {}
+                if hint.split:
+                    change["set"] = dict(zip(map(_ID, hint.split), hint.split, strict=True))
+                    slot.update(change["set"])
+                if hint.kept:
+                    ids = list(map(_ID, hint.kept))
+                    change["moved"] = dict(zip(ids, map(_MOVED, hint.kept), strict=True))
+                    slot.update(zip(ids, hint.kept, strict=True))
+                if change:
+                    nested[key] = change
             else:
                 slot = dict(zip(map(_ID, entries), entries, strict=True))
                 if old is None:
