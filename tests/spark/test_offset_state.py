@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -186,6 +187,48 @@ def test_a_batch_writes_a_delta_the_size_of_what_it_changed(tmp_path: Path) -> N
     split = query.planner.planned(query.offset).slots[int(slot)]
     assert change == {"moved": {"s00003": [1, 4, query.offset["seq"]]}}, last
     assert any(s.body.split_id == "s00003" and s.records == 3 for s in split)
+
+
+def delta_of(state: Path, offset: Mapping[str, Any]) -> Any:
+    """The last delta file ``offset`` names."""
+    ref = StateRef.decode(offset["state"])
+    return orjson.loads((state / "offsets" / f"delta-{ref.deltas[-1]}.json").read_bytes())
+
+
+def test_a_split_read_on_is_moved_in_the_delta_when_another_left_its_slot(
+    tmp_path: Path,
+) -> None:
+    """A slot that a split left is encoded whole, and compared whole with the state before;
+    the slices of that slot that keep their split are still written as moved."""
+    catalog = SequenceCatalog({"a": 1, "b": 1, "c": 1})
+    query = Query(planner(catalog, FakeClock(), tmp_path, parallelism=1))
+    assert query.batch() is not None  # a snapshot
+    catalog.append("a", 2)
+    catalog.seal("b")  # read to its end: it finishes, and leaves the slot
+    assert query.batch() == [("a", 1), ("a", 2)]
+    slot = delta_of(tmp_path, query.offset)["sub"]["slots"]["sub"]["0"]
+    assert slot == {"moved": {"a": [1, 3, query.offset["seq"]]}, "drop": ["b"]}
+    assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
+
+
+def test_after_a_state_of_format_6_the_state_is_written_whole(tmp_path: Path) -> None:
+    """Format 6 wrote no ``moved``; its files read the same, but the first state after a
+    restart from one is a snapshot, not a delta on them (as after any format before)."""
+    catalog = SequenceCatalog({f"s{i:03d}": 1 for i in range(200)})
+    query = Query(planner(catalog, FakeClock(), tmp_path))
+    assert query.batch() is not None
+    one_split_at_a_time(query, catalog, 3)
+    last = query.offset
+    assert last["splitflow"] == SMALL
+    catalog.append("s150", 1)
+    for version, written_whole in ((SMALL, False), (6, True)):
+        restarted = Query(
+            planner(catalog, FakeClock(), tmp_path), start={**last, "splitflow": version}
+        )
+        assert restarted.batch() == [("s150", 1)]
+        ref = StateRef.decode(restarted.offset["state"])
+        assert (ref.base == restarted.offset["seq"] and not ref.deltas) == written_whole, ref
+        restarted.planner.close()
 
 
 def test_a_snapshot_comes_after_at_most_compact_every_deltas_or_half_its_size(
@@ -370,6 +413,30 @@ def test_a_missing_state_file_or_directory_is_an_error_naming_it(tmp_path: Path)
     missing.unlink()
     with pytest.raises(CheckpointStateError, match=f"{missing} is missing"):
         OffsetState(str(tmp_path)).expand(query.offset)
+
+
+def test_a_delta_that_does_not_apply_is_an_error_naming_the_state(tmp_path: Path) -> None:
+    catalog = SequenceCatalog({f"s{i:02d}": 2 for i in range(50)})
+    query = Query(planner(catalog, FakeClock(), tmp_path, parallelism=1))
+    one_split_at_a_time(query, catalog, 3)
+    ref = StateRef.decode(query.offset["state"])
+    path = tmp_path / "offsets" / f"delta-{ref.deltas[-1]}.json"
+    delta = orjson.loads(path.read_bytes())
+    slot = delta["sub"]["slots"]["sub"]["0"]
+    slot["moved"] = {"x": next(iter(slot["moved"].values()))}  # a split the state lacks
+    path.write_bytes(to_json(delta))
+    with pytest.raises(CheckpointStateError, match=f"delta {ref.deltas[-1]} does not apply"):
+        OffsetState(str(tmp_path)).expand(query.offset)
+
+
+def test_moved_keeps_an_entry_s_split_and_takes_the_rest() -> None:
+    document = {"a": ["a", {"n": "a"}, 0, 2, 1, 1], "b": ["b", {"n": "b"}, 0, 1, 1]}
+    change = {"moved": {"a": [2, 4, 3]}, "set": {"c": ["c", {"n": "c"}, 0, 0, 0]}}
+    assert patched(document, change) == {
+        "a": ["a", {"n": "a"}, 2, 4, 3],
+        "b": ["b", {"n": "b"}, 0, 1, 1],
+        "c": ["c", {"n": "c"}, 0, 0, 0],
+    }
 
 
 # What a query does between two batches: append to a split, add one, end one (seal: read

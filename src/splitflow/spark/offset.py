@@ -225,7 +225,7 @@ class Changed(NamedTuple):
     """A slot's entries that changed from one offset to the next."""
 
     split: list[list[Any]]
-    """Entries of splits new to the slot, or encoded anew (another split object)."""
+    """Entries whose split is encoded anew (another object of the same split id)."""
     kept: list[list[Any]]
     """Entries that keep the split encoding (the same object) of the slot's entry before:
     only their slice's start, stop, seq or end changed."""

@@ -112,6 +112,22 @@ def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
     return document
 
 
+def _moved(old: Mapping[str, list[Any]], change: JsonDict) -> JsonDict:
+    """A slot's ``change`` (a :func:`difference` from ``old``) with the entries it sets that
+    keep their split (an equal encoding) as ``moved``."""
+    entries = change.get("set", {})
+    moved = {
+        sid: entry[2:]
+        for sid, entry in entries.items()
+        if (before := old.get(sid)) is not None and (before[1] is entry[1] or before[1] == entry[1])
+    }
+    if not moved:
+        return change
+    entries = {sid: entry for sid, entry in entries.items() if sid not in moved}
+    rest = {k: v for k, v in change.items() if k != "set"}
+    return {**({"set": entries} if entries else {}), "moved": moved, **rest}
+
+
 class OffsetState(SnapshotLog):
     """The ``offsets`` folder of one query; remembers the state it wrote or loaded last.
 
@@ -200,7 +216,7 @@ class OffsetState(SnapshotLog):
                 if old is None:
                     added[key] = slot
                 elif inner := difference(old, slot):
-                    nested[key] = inner
+                    nested[key] = _moved(old, inner)
             slots[key] = slot
         dropped = [key for key in before if key not in slots]
         state = {
@@ -230,8 +246,16 @@ class OffsetState(SnapshotLog):
         ref = StateRef.decode(offset["state"])
         snapshot, deltas, sizes = self._read_all(ref)
         state = snapshot
-        for delta in deltas:
-            state = patched(state, delta)
+        for seq, delta in zip(ref.deltas, deltas, strict=True):
+            try:
+                state = patched(state, delta)
+            except (KeyError, IndexError, TypeError, AttributeError) as error:
+                raise CheckpointStateError(
+                    f"offset state in {self.root}: delta {seq} does not apply to snapshot "
+                    f"{ref.base} and the deltas before it ({error!r}): was the state "
+                    "directory shared with another query, or altered",
+                    path=self.root,
+                ) from error
         slots = [state["slots"][str(slot)] for slot in range(len(state["slots"]))]
         if sum(len(slot) for slot in slots) != ref.size:
             raise CheckpointStateError(
