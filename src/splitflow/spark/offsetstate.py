@@ -67,7 +67,7 @@ COMPACT_EVERY = 20
 
 _MISSING = object()
 _ID = itemgetter(0)  # of a slice's entry: its split id
-_MOVED = itemgetter(slice(2, None))  # of a slice's entry: what follows its split
+_POSITIONS = itemgetter(slice(2, None))  # of a slice's entry: start, stop, seq (and end)
 
 
 def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
@@ -190,7 +190,8 @@ class OffsetState(SnapshotLog):
         self, offset: JsonDict, hints: Sequence[Changed | None] | None
     ) -> tuple[JsonDict, JsonDict]:
         """The state of ``offset``, and the :func:`difference` of its slots from those of the
-        state before (which it may update in place: it is not needed after)."""
+        state before, with the slices that keep their split ``moved`` (the state before may
+        be updated in place: it is not needed after)."""
         before = self._state.get("slots", {})
         slots: JsonDict = {}
         added: JsonDict = {}
@@ -207,7 +208,7 @@ class OffsetState(SnapshotLog):
                     slot.update(change["set"])
                 if hint.kept:
                     ids = list(map(_ID, hint.kept))
-                    change["moved"] = dict(zip(ids, map(_MOVED, hint.kept), strict=True))
+                    change["moved"] = dict(zip(ids, map(_POSITIONS, hint.kept), strict=True))
                     slot.update(zip(ids, hint.kept, strict=True))
                 if change:
                     nested[key] = change
