@@ -184,9 +184,9 @@ def test_a_batch_writes_a_delta_the_size_of_what_it_changed(tmp_path: Path) -> N
     # A split read on keeps its split encoding: the delta names only where its slice is now.
     last = orjson.loads((files / f"delta-{ref.deltas[-1]}.json").read_bytes())
     slot, change = next(iter(last["sub"]["slots"]["sub"].items()))
-    split = query.planner.planned(query.offset).slots[int(slot)]
+    slices = query.planner.planned(query.offset).slots[int(slot)]
     assert change == {"moved": {"s00003": [1, 4, query.offset["seq"]]}}, last
-    assert any(s.body.split_id == "s00003" and s.records == 3 for s in split)
+    assert any(s.body.split_id == "s00003" and s.records == 3 for s in slices)
 
 
 def delta_of(state: Path, offset: Mapping[str, Any]) -> Any:
