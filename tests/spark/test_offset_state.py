@@ -211,6 +211,26 @@ def test_a_split_read_on_is_moved_in_the_delta_when_another_left_its_slot(
     assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
 
 
+def test_a_slot_compared_whole_after_deltas_that_moved_its_slices_writes_what_changed(
+    tmp_path: Path,
+) -> None:
+    """The slot a split leaves is compared with the state as the deltas before left it (not
+    as its snapshot had it): only the slice read since and the split that left are written."""
+    catalog = SequenceCatalog({"a": 1, "b": 1, "c": 1})
+    query = Query(planner(catalog, FakeClock(), tmp_path, parallelism=1))
+    assert query.batch() is not None  # a snapshot
+    for n in (1, 2):
+        catalog.append("a", 1)
+        catalog.append("c", 1)
+        assert query.batch() == [("a", n), ("c", n)]  # deltas that move a and c
+    catalog.append("a", 1)
+    catalog.seal("b")
+    assert query.batch() == [("a", 3)]
+    slot = delta_of(tmp_path, query.offset)["sub"]["slots"]["sub"]["0"]
+    assert slot == {"moved": {"a": [3, 4, query.offset["seq"]]}, "drop": ["b"]}
+    assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
+
+
 def test_after_a_state_of_format_6_the_state_is_written_whole(tmp_path: Path) -> None:
     """Format 6 wrote no ``moved``; its files read the same, but the first state after a
     restart from one is a snapshot, not a delta on them (as after any format before)."""

@@ -112,6 +112,11 @@ def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
     return document
 
 
+def _keyed(entries: Sequence[list[Any]]) -> dict[str, list[Any]]:
+    """A slot's ``entries`` by split id, as the state's document holds them."""
+    return dict(zip(map(_ID, entries), entries, strict=True))
+
+
 def _moved(old: Mapping[str, list[Any]], change: JsonDict) -> JsonDict:
     """A slot's ``change`` (a :func:`difference` from ``old``) with the entries it sets that
     keep their split (an equal encoding) as ``moved``."""
@@ -140,6 +145,10 @@ class OffsetState(SnapshotLog):
         super().__init__(state_dir, "offsets")
         self._ref: StateRef | None = None
         self._state: JsonDict = {}
+        """The state written or read last, each slot in it as the offset's list of entries."""
+        self._keyed: dict[str, dict[str, list[Any]]] = {}
+        """Slots of :attr:`_state` by split id, as the state's document holds them, where
+        made (a slot compared whole, a snapshot, a state read back) and still the same."""
         self._slots: object = None  # the slots of the offset whose state _state is
         self._base_bytes = 0  # the size of the snapshot of _ref; 0: write one next
         self._delta_bytes = 0  # the sizes of _ref's deltas, added up
@@ -161,11 +170,11 @@ class OffsetState(SnapshotLog):
             raise ValueError(f"only a whole offset (format {FULL}) can be compacted")
         seq = int(offset["seq"])
         hints = changed if since is not None and since is self._slots else None
-        state, slots_change = self._state_after(offset, hints)
+        state, keyed, slots_change = self._state_after(offset, hints)
         size = sum(len(slot) for slot in state["slots"].values())
         ref = self._ref
         if ref is None or self._base_bytes == 0 or len(ref.deltas) >= COMPACT_EVERY:
-            ref = self._snapshot(seq, state, size)
+            ref = self._snapshot(seq, state, keyed, size)
         else:
             change = difference(
                 {k: v for k, v in self._state.items() if k != "slots"},
@@ -176,24 +185,27 @@ class OffsetState(SnapshotLog):
             if change:
                 data = to_json(change)
                 if 2 * (self._delta_bytes + len(data)) > self._base_bytes:
-                    ref = self._snapshot(seq, state, size)
+                    ref = self._snapshot(seq, state, keyed, size)
                 else:
                     self._put(seq, "delta", data)
                     self._delta_bytes += len(data)
                     ref = StateRef(ref.base, (*ref.deltas, seq), size)
-        self._ref, self._state, self._slots = ref, state, offset["slots"]
+        self._ref, self._state, self._keyed, self._slots = ref, state, keyed, offset["slots"]
         kept = {k: v for k, v in offset.items() if k not in ("enumerator", "slots", "event_times")}
         parallelism = len(offset["slots"])
         return {**kept, "splitflow": SMALL, "parallelism": parallelism, "state": ref.encode()}
 
     def _state_after(
         self, offset: JsonDict, hints: Sequence[Changed | None] | None
-    ) -> tuple[JsonDict, JsonDict]:
-        """The state of ``offset``, and the :func:`difference` of its slots from those of the
-        state before, with the slices that keep their split ``moved`` (the state before may
-        be updated in place: it is not needed after)."""
+    ) -> tuple[JsonDict, dict[str, dict[str, list[Any]]], JsonDict]:
+        """The state of ``offset`` (its slots the offset's lists of entries), those of its
+        slots made by split id (:attr:`_keyed`), and the :func:`difference` of its slots
+        from those of the state before, with the slices that keep their split ``moved``.
+
+        A slot with ``hints`` is not made by split id: its change is the hint's entries."""
         before = self._state.get("slots", {})
         slots: JsonDict = {}
+        keyed: dict[str, dict[str, list[Any]]] = {}
         added: JsonDict = {}
         nested: JsonDict = {}
         for index, entries in enumerate(offset["slots"]):
@@ -201,38 +213,48 @@ class OffsetState(SnapshotLog):
             old = before.get(key)
             hint = hints[index] if hints is not None and index < len(hints) else None
             if old is not None and hint is not None:
-                slot = old
                 change: JsonDict = {}
                 if hint.split:
                     change["set"] = dict(zip(map(_ID, hint.split), hint.split, strict=True))
-                    slot.update(change["set"])
                 if hint.kept:
-                    ids = list(map(_ID, hint.kept))
-                    change["moved"] = dict(zip(ids, map(_POSITIONS, hint.kept), strict=True))
-                    slot.update(zip(ids, hint.kept, strict=True))
+                    moved = map(_POSITIONS, hint.kept)
+                    change["moved"] = dict(zip(map(_ID, hint.kept), moved, strict=True))
                 if change:
                     nested[key] = change
+                elif key in self._keyed:  # the same entries
+                    keyed[key] = self._keyed[key]
             else:
-                slot = dict(zip(map(_ID, entries), entries, strict=True))
+                slot = keyed[key] = _keyed(entries)
                 if old is None:
                     added[key] = slot
-                elif inner := difference(old, slot):
-                    nested[key] = _moved(old, inner)
-            slots[key] = slot
+                elif inner := difference(old_slot := self._keyed.get(key) or _keyed(old), slot):
+                    nested[key] = _moved(old_slot, inner)
+            slots[key] = entries
         dropped = [key for key in before if key not in slots]
         state = {
             "enumerator": offset["enumerator"],
             "slots": slots,
             "event_times": offset.get("event_times", {}),
         }
-        return state, {
-            **({"set": added} if added else {}),
-            **({"drop": dropped} if dropped else {}),
-            **({"sub": nested} if nested else {}),
-        }
+        return (
+            state,
+            keyed,
+            {
+                **({"set": added} if added else {}),
+                **({"drop": dropped} if dropped else {}),
+                **({"sub": nested} if nested else {}),
+            },
+        )
 
-    def _snapshot(self, seq: int, state: JsonDict, size: int) -> StateRef:
-        data = to_json(state)
+    def _snapshot(
+        self, seq: int, state: JsonDict, keyed: dict[str, dict[str, list[Any]]], size: int
+    ) -> StateRef:
+        """Write ``state`` whole, its slots by split id (those not in ``keyed`` made now,
+        and kept there)."""
+        for key, entries in state["slots"].items():
+            if key not in keyed:
+                keyed[key] = _keyed(entries)
+        data = to_json({**state, "slots": {key: keyed[key] for key in state["slots"]}})
         self._put(seq, "snapshot", data)
         self._base_bytes, self._delta_bytes = len(data), 0
         return StateRef(seq, (), size)
@@ -269,7 +291,8 @@ class OffsetState(SnapshotLog):
         whole = [[slot[sid] for sid in sorted(slot)] for slot in slots]
         # The next state is written as a delta of this one, or whole (after a state of a
         # format before, whose entries a delta would leave in their old form).
-        self._ref, self._state, self._slots = ref, state, whole
+        self._ref, self._keyed, self._slots = ref, state["slots"], whole
+        self._state = {**state, "slots": {str(i): entries for i, entries in enumerate(whole)}}
         self._base_bytes, self._delta_bytes = (
             (sizes[0], sum(sizes[1:])) if small == SMALL else (0, 0)
         )
