@@ -1463,6 +1463,7 @@ def counted(self, start):
 Planner._ensure = counted
 catalog = SequenceCatalog({f"s{i:05d}": 3 for i in range(20_000)})
 first = Planner(SequenceSource(catalog), 4, clock=lambda: 0.0)
+gc.collect()  # none due as the start begins, whatever the imports made
 started.clear()
 start = first.initial_offset()
 print("initial", len(started), gc.get_freeze_count() > 0)
@@ -1475,6 +1476,7 @@ print("old", old() is None)  # the coordinator it replaced is freed, not frozen
 first.close()
 print("closed", gc.get_freeze_count())
 catalog.append("s00007", 2)
+gc.collect()
 restoring.clear()
 restored = Planner(SequenceSource(catalog), 3, clock=lambda: 0.0)
 after = restored.latest_offset(later, ReadAll())  # a restart: restores from later

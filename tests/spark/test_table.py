@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from splitflow.api.enumerator import SplitExtent
 from splitflow.spark.limits import Backlogs
-from splitflow.spark.table import SplitTable
+from splitflow.spark.table import SlotReads, SplitTable
+
+
+class _Body(NamedTuple):  # a split object: a tuple, which the table must keep whole
+    split_id: str
 
 
 def _table(positions: dict[str, int], slot: int = 0) -> SplitTable:
     table = SplitTable()
-    table.add(list(positions), slot, list(positions.values()))
+    table.add(list(positions), slot, list(positions.values()), [_Body(sid) for sid in positions])
     return table
 
 
@@ -33,7 +39,7 @@ def test_a_cap_sets_how_far_a_batch_may_read() -> None:
 
 def test_ended_splits_are_at_their_final_position_with_nothing_to_read() -> None:
     table = _table({"done": 7, "open": 7, "more": 3}, slot=1)
-    table.add(["other"], 0, [2])
+    table.add(["other"], 0, [2], [_Body(sid) for sid in ["other"]])
     final = SplitExtent(7, final=True)
     table.note(
         ["done", "open", "more", "other"],
@@ -52,7 +58,7 @@ def test_rows_of_splits_that_left_are_reused_and_hold_nothing() -> None:
     table.remove("a")
     assert table.backlogs().as_dict() == {"b": 5}
     assert int(table.lags().sum()) == 5
-    table.add(["c"], 1, [1])
+    table.add(["c"], 1, [1], [_Body(sid) for sid in ["c"]])
     assert table.row_of["c"] == row
     assert table.backlogs().as_dict() == {"b": 5}  # c's extent is not known yet
     table.note(["c"], {"c": SplitExtent(3)})
@@ -64,7 +70,7 @@ def test_a_split_assigned_again_keeps_its_row_and_extent() -> None:
     table = _table({"a": 0, "b": 0})
     table.note(["a", "b"], {"a": SplitExtent(5), "b": SplitExtent(4)})
     row = table.row_of["a"]
-    table.add(["c", "a"], 1, [1, 2])
+    table.add(["c", "a"], 1, [1, 2], [_Body(sid) for sid in ["c", "a"]])
     assert table.row_of["a"] == row
     assert len(table.row_of) == 3
     assert table.backlogs().as_dict() == {"a": 3, "b": 4}  # c's extent is not known yet
@@ -104,7 +110,7 @@ def test_positions_past_64_bits_stay_exact() -> None:
 
 def test_the_splits_a_batch_reads_to_their_end() -> None:
     table = _table({"a": 0, "b": 0, "c": 0}, slot=1)
-    table.add(["d"], 0, [3])
+    table.add(["d"], 0, [3], [_Body(sid) for sid in ["d"]])
     final = SplitExtent(5, final=True)
     table.note(["a", "b", "c", "d"], {"a": final, "b": SplitExtent(5), "c": final, "d": final})
     reads = table.placed(Backlogs.of({"a": 5, "b": 5, "c": 4, "d": 2, "gone": 1}))
@@ -114,7 +120,7 @@ def test_the_splits_a_batch_reads_to_their_end() -> None:
 
 def test_what_a_batch_reads_keeps_its_rows_groups_by_slot_and_moves_the_splits_on() -> None:
     table = _table({"b": 0, "a": 2}, slot=1)
-    table.add(["c", "d"], 0, [5, 1])
+    table.add(["c", "d"], 0, [5, 1], [_Body(sid) for sid in ["c", "d"]])
     table.note(
         ["a", "b", "c", "d"],
         {"a": SplitExtent(10), "b": SplitExtent(10), "c": SplitExtent(9), "d": SplitExtent(1)},
@@ -126,10 +132,33 @@ def test_what_a_batch_reads_keeps_its_rows_groups_by_slot_and_moves_the_splits_o
     assert sorted(counts) == ["a", "b", "c"]
     assert sum(counts.values()) == 9
     assert table.placed(reads) is reads  # rows known: nothing looked up
-    assert table.slots_of(reads) == {0: ["c"], 1: ["a", "b"]}
+    rows = table.row_of
+    assert {
+        slot: (group.ids, group.rows.tolist(), group.values.tolist())
+        for slot, group in table.slots_of(reads).items()
+    } == {
+        0: (["c"], [rows["c"]], [counts["c"]]),
+        1: (["a", "b"], [rows["a"], rows["b"]], [counts["a"], counts["b"]]),
+    }
+    assert all(isinstance(group, SlotReads) for group in table.slots_of(reads).values())
     table.advance(reads)
     at = {sid: int(table.position[table.row_of[sid]]) for sid in "abcd"}
     assert at == {"a": 2 + counts["a"], "b": counts["b"], "c": 5 + counts["c"], "d": 1}
     assert table.backlogs().as_dict() == {
         sid: extent - at[sid] for sid, extent in {"a": 10, "b": 10, "c": 9}.items()
     }
+
+
+def test_each_row_holds_its_split_object_as_assigned_until_the_split_leaves() -> None:
+    table = _table({"a": 0, "b": 0})
+    row = table.row_of["a"]
+    assert table.body[row] == _Body("a")  # a tuple, held whole
+    again = _Body("a")
+    table.add(["a"], 1, [3], [again])
+    assert table.body[row] is again
+    table.remove("a")
+    assert table.body[row] is None
+    table.add(["c"], 0, [1], [_Body("c")])
+    assert table.row_of["c"] == row
+    assert table.body[row] == _Body("c")
+    assert table.body[table.row_of["b"]] == _Body("b")

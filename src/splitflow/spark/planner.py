@@ -76,7 +76,7 @@ from splitflow.spark.offset import OFFSET_FORMAT, BatchOffset, OffsetEncoder, Sl
 from splitflow.spark.offsetstate import OffsetState, expand_offset
 from splitflow.spark.snapshots import RETAIN_BATCHES
 from splitflow.spark.statedir import Owner, StateStore
-from splitflow.spark.table import SplitTable, holds_none
+from splitflow.spark.table import SlotReads, SplitTable, holds_none
 
 log = logging.getLogger("splitflow.spark")
 
@@ -289,12 +289,12 @@ class Planner(Generic[SplitT, EnumStateT]):
         if isinstance(message, AddSplits):
             ids = [split.split_id for split in message.splits]
             slot.update(zip(ids, message.splits, strict=True))
-            self._pieces[reader_id].update(
-                zip(ids, map(self._new_piece, ids, message.splits), strict=True)
-            )
+            pieces = list(map(self._new_piece, ids, message.splits))
+            self._pieces[reader_id].update(zip(ids, pieces, strict=True))
             self._slot_of.update(dict.fromkeys(ids, reader_id))
             self._stale.difference_update(ids)
-            self._table.add(ids, reader_id, [split.position for split in message.splits])
+            positions = [split.position for split in message.splits]
+            self._table.add(ids, reader_id, positions, list(map(_BODY, pieces)))
             if self._joined is not None:
                 self._joined.update(ids)
             self._changed.update(ids)
@@ -803,12 +803,13 @@ class Planner(Generic[SplitT, EnumStateT]):
         return self._slots[slot_id]
 
     def _slices(
-        self, slot_id: int, read: Sequence[str], reads: Mapping[str, int], seq: int
+        self, slot_id: int, group: SlotReads | None, seq: int, moved: bool
     ) -> tuple[tuple[Slice[SplitT], ...], tuple[Slice[SplitT], ...]]:
-        """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``reads``
-        records (split id -> records, none 0) of its splits ``read`` (in split id order),
-        and the slices of those; its read splits' slices move on to where the batch stops
-        (the split objects stay: :meth:`_current`; the table's rows: :meth:`_snapshot`).
+        """Slot ``slot_id``'s slices (in split id order) after batch ``seq`` reads ``group``
+        of its splits, and the slices of those; its read splits' slices move on to where the
+        batch stops (the split objects stay: :meth:`_current`). ``moved``: the table's rows
+        of the splits read are where the batch stops (:meth:`SplitTable.advance`), and
+        their slices are made from those rows, else from the slices they had.
 
         Only the slices of the splits the batch reads are made anew: every other split keeps
         the slice object it had (``_pieces``), which saves the encoder and the state file
@@ -816,16 +817,27 @@ class Planner(Generic[SplitT, EnumStateT]):
         """
         self._sorted_slot(slot_id)
         pieces = self._pieces[slot_id]
+        if group is None:
+            return tuple(pieces.values()), ()
+        read = group.ids
         # A new slice from where the last one stopped, of the same split: made by maps, as
         # Slice's own __new__ makes them (at 1M splits this runs 100k times a batch).
-        was = list(map(pieces.__getitem__, read))
-        starts = list(map(_STOP, was))
-        stops = list(map(add, starts, map(reads.__getitem__, read)))
+        if moved:  # from the rows: no look-up of a split's slice
+            at = self._table.position[group.rows]
+            bodies, starts, stops = (
+                self._table.body[group.rows].tolist(),
+                (at - group.values).tolist(),
+                at.tolist(),
+            )
+        else:
+            was = list(map(pieces.__getitem__, read))
+            bodies, starts = list(map(_BODY, was)), list(map(_STOP, was))
+            stops = list(map(add, starts, group.values.tolist()))
         made = tuple(
             map(
                 _new,
                 itertools.repeat(Slice),
-                zip(map(_BODY, was), starts, stops, itertools.repeat(seq), itertools.repeat(False)),
+                zip(bodies, starts, stops, itertools.repeat(seq), itertools.repeat(False)),
             )
         )
         pieces.update(zip(read, made, strict=True))
@@ -857,7 +869,7 @@ class Planner(Generic[SplitT, EnumStateT]):
             if sids
         }
         counts: dict[str, int] = {}  # records each split reads
-        by_slot: dict[int, list[str]] = {}  # the splits read, of each slot
+        by_slot: dict[int, SlotReads] = {}  # the splits read, of each slot
         if reads is not None:  # by the table's rows, which finishing splits may reuse
             counts = reads.as_dict()
             by_slot = self._table.slots_of(reads)
@@ -892,13 +904,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         slots: list[tuple[Slice[SplitT], ...]] = []
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
-            sids = by_slot.get(slot_id, [])
-            if slot_id in ending:  # not those finished above
+            group = by_slot.get(slot_id)
+            if group is not None and slot_id in ending:  # not those finished above
                 pieces = self._pieces[slot_id]
-                sids = [sid for sid in sids if sid in pieces]
-            slices, read = self._slices(slot_id, sids, counts, seq)
-            if not settled:
-                self._table.move(sids, [piece.stop for piece in read])
+                kept = [i for i, sid in enumerate(group.ids) if sid in pieces]
+                still = [group.ids[i] for i in kept]
+                group = SlotReads(still, group.rows[kept], group.values[kept])
+            slices, read = self._slices(slot_id, group, seq, settled)
+            if not settled and group is not None:
+                self._table.move(group.ids, [piece.stop for piece in read])
             if slot_id in ending:
                 slices = tuple(
                     sorted(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise, repeat
 from operator import is_
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -23,34 +23,51 @@ from splitflow.spark.limits import Backlogs, exact_sum, int_array
 _VALUES = ("position", "latest", "exists", "stop")
 
 
+class SlotReads(NamedTuple):
+    """What a batch reads of one slot's splits, in split id order: their ``ids``, their
+    ``rows`` and the records each reads (``values``, an array like :attr:`Backlogs.values`)."""
+
+    ids: list[str]
+    rows: np.ndarray
+    values: np.ndarray
+
+
 class SplitTable:
     """The held splits of one planner: ``slot``, ``position``, and of the extent last learnt
     ``latest``, ``exists`` (how far the split exists), ``stop`` (how far a batch may read it:
     ``latest``, or less under ``availableNow``) and ``final``; ``known``: held, with an
-    extent. A row without a split, or without an extent, has no backlog and no lag."""
+    extent; ``body``: the split object its slot holds (its slice's, as assigned). A row
+    without a split, or without an extent, has no backlog and no lag."""
 
     def __init__(self) -> None:
         self.ids = np.empty(0, dtype=object)  # row -> split id (None: a free row)
+        self.body = np.empty(0, dtype=object)
         self.row_of: dict[str, int] = {}
         self._free: list[int] = []
         self._rows = 0  # rows in use, free ones included
         self.slot = self.position = self.latest = self.exists = self.stop = np.zeros(0, np.int64)
         self.final = self.known = np.zeros(0, dtype=bool)
 
-    def add(self, ids: Sequence[str], slot: int, positions: Sequence[int]) -> None:
-        """Splits ``ids`` join slot ``slot`` at ``positions``: new ones with their extents
-        not known yet; one held until now (assigned again) keeps its row and extent."""
+    def add(
+        self, ids: Sequence[str], slot: int, positions: Sequence[int], bodies: Sequence[object]
+    ) -> None:
+        """Splits ``ids`` (objects ``bodies``) join slot ``slot`` at ``positions``: new ones
+        with their extents not known yet; one held until now (assigned again) keeps its row
+        and extent."""
         row_of = self.row_of
         again = [i for i, sid in enumerate(ids) if sid in row_of]
         if again:
             rows = np.array([row_of[ids[i]] for i in again], np.intp)
             self.slot[rows] = slot
             self._store("position", rows, [positions[i] for i in again])
+            _put(self.body, rows, [bodies[i] for i in again])
             kept = set(again)
             ids = [sid for i, sid in enumerate(ids) if i not in kept]
             positions = [position for i, position in enumerate(positions) if i not in kept]
+            bodies = [body for i, body in enumerate(bodies) if i not in kept]
         rows = self._allocate(len(ids))
         self.ids[rows] = ids
+        _put(self.body, rows, bodies)
         row_of.update(zip(ids, rows.tolist(), strict=True))
         self.known[rows] = False
         self.slot[rows] = slot
@@ -59,7 +76,7 @@ class SplitTable:
     def remove(self, split_id: str) -> None:
         row = self.row_of.pop(split_id, None)
         if row is not None:
-            self.ids[row] = None
+            self.ids[row] = self.body[row] = None
             self.known[row] = False
             self._free.append(row)
 
@@ -162,9 +179,13 @@ class SplitTable:
         rows = cast(np.ndarray, reads.rows)
         self._store("position", rows, self.position[rows] + reads.values)
 
-    def slots_of(self, reads: Backlogs) -> dict[int, list[str]]:
-        """Each slot's splits that ``reads`` (:meth:`placed`) names, sorted."""
-        return self._by_slot(cast(np.ndarray, reads.rows))
+    def slots_of(self, reads: Backlogs) -> dict[int, SlotReads]:
+        """What ``reads`` (:meth:`placed`) reads of each slot's splits."""
+        rows = cast(np.ndarray, reads.rows)
+        return {
+            slot: SlotReads(ids, rows[at], reads.values[at])
+            for slot, (ids, at) in self._grouped(rows).items()
+        }
 
     def lags(self) -> np.ndarray:
         """What exists past each row's position (0 for rows without a split or extent)."""
@@ -187,12 +208,23 @@ class SplitTable:
 
     def _by_slot(self, rows: np.ndarray) -> dict[int, list[str]]:
         """The splits of ``rows`` grouped by slot (in slot order), each group sorted."""
+        return {slot: ids for slot, (ids, _) in self._grouped(rows).items()}
+
+    def _grouped(self, rows: np.ndarray) -> dict[int, tuple[list[str], np.ndarray]]:
+        """The splits of ``rows`` grouped by slot (in slot order), each group sorted, with
+        the indexes in ``rows`` of its splits, in the same order."""
         slots = self.slot[rows]
         order = np.argsort(slots, kind="stable")
         slots = slots[order]
         ids = self.ids[rows[order]].tolist()
         starts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), len(ids)]
-        return {int(slots[a]): sorted(ids[a:b]) for a, b in pairwise(starts) if a < b}
+        groups = {}
+        for a, b in pairwise(starts):
+            if a < b:
+                group = ids[a:b]
+                by_id = sorted(range(b - a), key=group.__getitem__)
+                groups[int(slots[a])] = ([group[i] for i in by_id], order[a:b][by_id])
+        return groups
 
     # -- storage ------------------------------------------------------------------------
 
@@ -211,9 +243,10 @@ class SplitTable:
             bigger[: len(column)] = column
             return bigger
 
-        ids = np.empty(capacity, dtype=object)
-        ids[: len(self.ids)] = self.ids
-        self.ids = ids
+        for name in ("ids", "body"):
+            objects = np.empty(capacity, dtype=object)
+            objects[: len(getattr(self, name))] = getattr(self, name)
+            setattr(self, name, objects)
         for name in (*_VALUES, "slot", "final", "known"):
             setattr(self, name, grown(getattr(self, name)))
 
@@ -229,6 +262,12 @@ class SplitTable:
             for other in _VALUES:
                 setattr(self, other, getattr(self, other).astype(object))
         getattr(self, name)[rows] = values
+
+
+def _put(column: np.ndarray, rows: np.ndarray, objects: Sequence[object]) -> None:
+    """``objects`` into object column ``column`` at ``rows``, each as it is (NumPy would
+    take a tuple, say a named tuple's split, for a sequence to spread)."""
+    column[rows] = np.fromiter(objects, dtype=object, count=len(objects))
 
 
 def _within(values: np.ndarray) -> bool:
