@@ -149,6 +149,10 @@ class OffsetState(SnapshotLog):
         self._keyed: dict[str, dict[str, list[Any]]] = {}
         """Slots of :attr:`_state` by split id, as the state's document holds them, where
         made (a slot compared whole, a snapshot, a state read back) and still the same."""
+        self._sizes: dict[str, int] = {}
+        """The slices of each slot of :attr:`_state` by split id (as its document holds
+        them: a split id a slot holds twice, a split that ends and is assigned again while
+        it finishes, once)."""
         self._slots: object = None  # the slots of the offset whose state _state is
         self._base_bytes = 0  # the size of the snapshot of _ref; 0: write one next
         self._delta_bytes = 0  # the sizes of _ref's deltas, added up
@@ -171,7 +175,9 @@ class OffsetState(SnapshotLog):
         seq = int(offset["seq"])
         hints = changed if since is not None and since is self._slots else None
         state, keyed, slots_change = self._state_after(offset, hints)
-        size = sum(len(slot) for slot in state["slots"].values())
+        # A slot with hints holds the split ids it held (hints need the same at each place).
+        sizes = {k: len(keyed[k]) if k in keyed else self._sizes[k] for k in state["slots"]}
+        size = sum(sizes.values())
         ref = self._ref
         if ref is None or self._base_bytes == 0 or len(ref.deltas) >= COMPACT_EVERY:
             ref = self._snapshot(seq, state, keyed, size)
@@ -191,6 +197,7 @@ class OffsetState(SnapshotLog):
                     self._delta_bytes += len(data)
                     ref = StateRef(ref.base, (*ref.deltas, seq), size)
         self._ref, self._state, self._keyed, self._slots = ref, state, keyed, offset["slots"]
+        self._sizes = sizes
         kept = {k: v for k, v in offset.items() if k not in ("enumerator", "slots", "event_times")}
         parallelism = len(offset["slots"])
         return {**kept, "splitflow": SMALL, "parallelism": parallelism, "state": ref.encode()}
@@ -292,6 +299,7 @@ class OffsetState(SnapshotLog):
         # The next state is written as a delta of this one, or whole (after a state of a
         # format before, whose entries a delta would leave in their old form).
         self._ref, self._keyed, self._slots = ref, state["slots"], whole
+        self._sizes = {key: len(slot) for key, slot in state["slots"].items()}
         self._state = {**state, "slots": {str(i): entries for i, entries in enumerate(whole)}}
         self._base_bytes, self._delta_bytes = (
             (sizes[0], sum(sizes[1:])) if small == SMALL else (0, 0)

@@ -881,9 +881,10 @@ class Planner(Generic[SplitT, EnumStateT]):
             enumerator = self._settle(self.coordinator.checkpoint(seq))
         finally:
             joined, self._joined = self._joined, None
-        # Meanwhile the enumerator may have removed or assigned (again) splits the batch
-        # reads: then they are grouped by their rows as they are now (looked up, those
-        # still held) and moved after their slices are made.
+        # Meanwhile the enumerator may have removed splits (besides those that ended) or
+        # assigned again splits the batch reads: then the reads are grouped by their rows as
+        # they are now (looked up, those still held), their slices made from the slices
+        # they had, and their rows moved after.
         settled = self._left - left == sum(map(len, ends.values())) and not any(
             sid in counts for sid in joined
         )

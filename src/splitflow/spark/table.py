@@ -36,8 +36,9 @@ class SplitTable:
     """The held splits of one planner: ``slot``, ``position``, and of the extent last learnt
     ``latest``, ``exists`` (how far the split exists), ``stop`` (how far a batch may read it:
     ``latest``, or less under ``availableNow``) and ``final``; ``known``: held, with an
-    extent; ``body``: the split object its slot holds (its slice's, as assigned). A row
-    without a split, or without an extent, has no backlog and no lag."""
+    extent; ``body``: the split object of its slice in the planner (as it was assigned or
+    restored: its own position may be behind the row's). A row without a split, or
+    without an extent, has no backlog and no lag."""
 
     def __init__(self) -> None:
         self.ids = np.empty(0, dtype=object)  # row -> split id (None: a free row)
