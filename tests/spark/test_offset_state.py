@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.spark.test_planner import (
     DISCOVERY,
+    AgainAsItEndsSource,
     FakeClock,
     Query,
     as_spark_stores_it,
@@ -29,7 +30,6 @@ from tests.spark.test_planner import (
     records_of,
 )
 
-from splitflow.api.events import SourceEvent, SplitsFinishedEvent
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords
@@ -46,9 +46,7 @@ from splitflow.spark.planner import Planner
 from splitflow.spark.snapshots import StateRef, from_json, to_json
 from splitflow.testing.sequence import (
     SequenceCatalog,
-    SequenceEnumerator,
     SequenceSource,
-    SequenceSplit,
 )
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
@@ -237,24 +235,6 @@ def test_a_slot_compared_whole_after_deltas_that_moved_its_slices_writes_what_ch
     assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
 
 
-class _AgainAsItEnds(SequenceEnumerator):
-    """Assigns split ``b`` again (a new split of the same id) when ``b`` finishes."""
-
-    def handle_source_event(self, reader_id: int, event: SourceEvent) -> None:
-        super().handle_source_event(reader_id, event)
-        if isinstance(event, SplitsFinishedEvent) and "b" in event.split_ids:
-            self._finished.pop("b", None)
-            self.add_splits([SequenceSplit("b", position=3)])
-
-
-class _AgainSource(SequenceSource):
-    def create_enumerator(self, context: Any) -> SequenceEnumerator:
-        return _AgainAsItEnds(self, context, None)
-
-    def restore_enumerator(self, context: Any, state: Any) -> SequenceEnumerator:
-        return _AgainAsItEnds(self, context, state)
-
-
 def test_a_slot_holding_a_split_id_twice_counts_it_as_its_state_files_hold_it(
     tmp_path: Path,
 ) -> None:
@@ -262,7 +242,7 @@ def test_a_slot_holding_a_split_id_twice_counts_it_as_its_state_files_hold_it(
     slices of its id; the state keys a slot's slices by split id (one of them), and the
     offset counts the slices so, or it would not read back."""
     catalog = SequenceCatalog({"a": 2, "b": 2})
-    source = _AgainSource(catalog, discovery_interval=DISCOVERY)
+    source = AgainAsItEndsSource(catalog, discovery_interval=DISCOVERY)
     query = Query(Planner(source, 1, clock=FakeClock(), state_dir=str(tmp_path)))
     assert query.batch() is not None
     catalog.append("b", 1)

@@ -460,6 +460,54 @@ def test_a_split_assigned_again_as_another_finishes_is_planned_from_where_it_is_
         assert table.position[row] == planner._pieces[planner._slot_of[sid]][sid].stop
 
 
+class AgainAsItEnds(SequenceEnumerator):
+    """Assigns split ``b`` again, once, as ``b`` finishes: a new split of the same id, where
+    the catalog ended it (3)."""
+
+    again = True
+
+    def handle_source_event(self, reader_id: int, event: Any) -> None:
+        super().handle_source_event(reader_id, event)
+        if self.again and isinstance(event, SplitsFinishedEvent) and "b" in event.split_ids:
+            self.again = False
+            self._finished.pop("b", None)
+            self.add_splits([SequenceSplit("b", position=3)])
+
+
+class AgainAsItEndsSource(SequenceSource):
+    def create_enumerator(self, context: Any) -> Any:
+        return AgainAsItEnds(self, context, None)
+
+    def restore_enumerator(self, context: Any, state: Any) -> Any:
+        return AgainAsItEnds(self, context, state)
+
+
+def test_a_split_assigned_again_as_it_finishes_is_read_once_by_the_slice_that_ends_it(
+    clock: FakeClock,
+) -> None:
+    """The batch that reads ``b`` to its end holds two slices of ``b`` (the enumerator
+    assigns ``b`` again while it finishes): the one that ends it reads its last record, and
+    the new one reads nothing (it starts where ``b`` ends), in that batch or after."""
+    catalog = SequenceCatalog({"a": 2, "b": 2})
+    query = Query(
+        Planner(AgainAsItEndsSource(catalog, discovery_interval=DISCOVERY), 1, clock=clock)
+    )
+    assert sorted(query.batch() or []) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    catalog.append("b", 1)
+    catalog.seal("b")
+    catalog.append("a", 1)
+    assert sorted(query.batch() or []) == [("a", 2), ("b", 2)]
+    slices = query.planner.planned(query.offset).slots[0]
+    assert sorted((s.body.split_id, s.start, s.stop, s.ends) for s in slices) == [
+        ("a", 2, 3, False),
+        ("b", 2, 3, True),
+        ("b", 3, 3, False),
+    ]
+    catalog.append("a", 1)
+    query.drain()
+    assert sorted(query.read) == [(name, i) for name, n in (("a", 4), ("b", 3)) for i in range(n)]
+
+
 # -- plan_partitions ------------------------------------------------------------------------------
 
 

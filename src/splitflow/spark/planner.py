@@ -884,12 +884,15 @@ class Planner(Generic[SplitT, EnumStateT]):
         # Meanwhile the enumerator may have removed splits (besides those that ended) or
         # assigned again splits the batch reads: then the reads are grouped by their rows as
         # they are now (looked up, those still held), their slices made from the slices
-        # they had, and their rows moved after.
+        # they had, and their rows moved after. Those that ended are read by their ending
+        # slices, also when the enumerator assigned their ids again meanwhile.
         settled = self._left - left == sum(map(len, ends.values())) and not any(
             sid in counts for sid in joined
         )
         if not settled:
-            by_slot = self._table.slots_of(self._table.placed(Backlogs.of(counts)))
+            ended = {sid for sids in ends.values() for sid in sids}
+            on = {sid: n for sid, n in counts.items() if sid not in ended}
+            by_slot = self._table.slots_of(self._table.placed(Backlogs.of(on)))
         ledger = None
         if self._ledgers is not None:
             stripped, ids = self._ledgers.split_ledger(enumerator)
