@@ -199,39 +199,25 @@ def delta_of(state: Path, offset: Mapping[str, Any]) -> Any:
     return orjson.loads((state / "offsets" / f"delta-{ref.deltas[-1]}.json").read_bytes())
 
 
+@pytest.mark.parametrize("rounds", [0, 2], ids=["after-a-snapshot", "after-deltas"])
 def test_a_split_read_on_is_moved_in_the_delta_when_another_left_its_slot(
-    tmp_path: Path,
+    tmp_path: Path, rounds: int
 ) -> None:
-    """A slot that a split left is encoded whole, and compared whole with the state before;
-    the slices of that slot that keep their split are still written as moved."""
+    """A slot that a split left is encoded whole, and compared whole with the state before
+    (as the deltas since its snapshot left it): only the slice read since is written, as
+    moved (it keeps its split), and the split that left is dropped."""
     catalog = SequenceCatalog({"a": 1, "b": 1, "c": 1})
     query = Query(planner(catalog, FakeClock(), tmp_path, parallelism=1))
     assert query.batch() is not None  # a snapshot
-    catalog.append("a", 2)
-    catalog.seal("b")  # read to its end: it finishes, and leaves the slot
-    assert query.batch() == [("a", 1), ("a", 2)]
-    slot = delta_of(tmp_path, query.offset)["sub"]["slots"]["sub"]["0"]
-    assert slot == {"moved": {"a": [1, 3, query.offset["seq"]]}, "drop": ["b"]}
-    assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
-
-
-def test_a_slot_compared_whole_after_deltas_that_moved_its_slices_writes_what_changed(
-    tmp_path: Path,
-) -> None:
-    """The slot a split leaves is compared with the state as the deltas before left it (not
-    as its snapshot had it): only the slice read since and the split that left are written."""
-    catalog = SequenceCatalog({"a": 1, "b": 1, "c": 1})
-    query = Query(planner(catalog, FakeClock(), tmp_path, parallelism=1))
-    assert query.batch() is not None  # a snapshot
-    for n in (1, 2):
+    for n in range(1, rounds + 1):
         catalog.append("a", 1)
         catalog.append("c", 1)
         assert query.batch() == [("a", n), ("c", n)]  # deltas that move a and c
-    catalog.append("a", 1)
-    catalog.seal("b")
-    assert query.batch() == [("a", 3)]
+    catalog.append("a", 2)
+    catalog.seal("b")  # read to its end: it finishes, and leaves the slot
+    assert query.batch() == [("a", rounds + 1), ("a", rounds + 2)]
     slot = delta_of(tmp_path, query.offset)["sub"]["slots"]["sub"]["0"]
-    assert slot == {"moved": {"a": [3, 4, query.offset["seq"]]}, "drop": ["b"]}
+    assert slot == {"moved": {"a": [rounds + 1, rounds + 3, query.offset["seq"]]}, "drop": ["b"]}
     assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
 
 

@@ -122,7 +122,7 @@ def _moved(old: Mapping[str, list[Any]], change: JsonDict) -> JsonDict:
     keep their split (an equal encoding) as ``moved``."""
     entries = change.get("set", {})
     moved = {
-        sid: entry[2:]
+        sid: _POSITIONS(entry)
         for sid, entry in entries.items()
         if (before := old.get(sid)) is not None and (before[1] is entry[1] or before[1] == entry[1])
     }
