@@ -889,8 +889,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         settled = self._left - left == sum(map(len, ends.values())) and not any(
             sid in counts for sid in joined
         )
+        ended = {sid for sids in ends.values() for sid in sids}
         if not settled:
-            ended = {sid for sids in ends.values() for sid in sids}
             on = {sid: n for sid, n in counts.items() if sid not in ended}
             by_slot = self._table.slots_of(self._table.placed(Backlogs.of(on)))
         ledger = None
@@ -909,9 +909,8 @@ class Planner(Generic[SplitT, EnumStateT]):
         reading: list[tuple[Slice[SplitT], ...]] = []
         for slot_id in range(self.parallelism):
             group = by_slot.get(slot_id)
-            if group is not None and slot_id in ending:  # not those finished above
-                pieces = self._pieces[slot_id]
-                kept = [i for i, sid in enumerate(group.ids) if sid in pieces]
+            if group is not None and slot_id in ending:  # read by their ending slices
+                kept = [i for i, sid in enumerate(group.ids) if sid not in ended]
                 still = [group.ids[i] for i in kept]
                 group = SlotReads(still, group.rows[kept], group.values[kept])
             slices, read = self._slices(slot_id, group, seq, settled)
