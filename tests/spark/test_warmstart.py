@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -27,7 +29,7 @@ import textwrap
 import time
 import zipfile
 import zipimport
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ import pyspark
 import pytest
 from tests.spark.sources import OwnDaemonGeneratorDataSource
 
-from splitflow.spark import register, session
+from splitflow.spark import register, session, warmstart
 from splitflow.spark._warmsite import sitecustomize
 from splitflow.spark._warmsite.sitecustomize import DAEMON, PID_FILE, RUNNER, WAIT
 from splitflow.spark.warmstart import (
@@ -49,6 +51,8 @@ from splitflow.spark.warmstart import (
     _answers,
     _archives,
     _private_directory,
+    launcher,
+    registering,
 )
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -142,6 +146,14 @@ def _read(connection: socket.socket, size: int) -> bytes:
     return data
 
 
+@pytest.fixture(params=["python", "launcher"])
+def started_by(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """What Spark starts a data source's Python processes with (its ``pythonExec``) for a
+    Python: the Python itself (a cluster's sources, whose processes the ``sitecustomize``
+    hands over), or its launcher (a local session's sources)."""
+    return (lambda python: python) if request.param == "python" else launcher
+
+
 @pytest.fixture
 def jvm() -> Iterator[FakeJvm]:
     fake = FakeJvm()
@@ -191,9 +203,11 @@ class Daemon:
     it writes its port to stdout, forks a worker for each connection and ends when its
     stdin closes."""
 
-    def __init__(self, socket_path: str | None, module: str = "pyspark.worker") -> None:
+    def __init__(
+        self, socket_path: str | None, python: str = sys.executable, module: str = "pyspark.worker"
+    ) -> None:
         self.stand_in = subprocess.Popen(
-            [sys.executable, "-m", DAEMON, module],
+            [python, "-m", DAEMON, module],
             env=_env(socket_path),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -241,9 +255,9 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def test_a_runner_is_forked_by_the_warm_process_and_fails_as_a_cold_one_would(
-    warm: WarmStart, jvm: FakeJvm
+    warm: WarmStart, jvm: FakeJvm, started_by: Callable[[str], str]
 ) -> None:
-    stand_in = start_runner(jvm, warm.socket_path)
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable))
     pid = jvm.runner_pid()  # it found the fake JVM from the stand-in's environment
     assert pid != stand_in.pid, "the runner ran in the process Spark started"
     assert psutil.Process(pid).ppid() == warm.process.pid
@@ -254,7 +268,7 @@ def test_a_runner_is_forked_by_the_warm_process_and_fails_as_a_cold_one_would(
 
     cold_jvm = FakeJvm()
     try:
-        cold = start_runner(cold_jvm, None)
+        cold = start_runner(cold_jvm, None, started_by(sys.executable))
         assert cold_jvm.runner_pid() == cold.pid
         cold_error = cold_jvm.fail()
         cold.communicate(timeout=60)
@@ -275,9 +289,9 @@ def test_the_warm_process_forks_single_threaded(warm: WarmStart) -> None:
 
 
 def test_without_a_warm_process_the_runner_starts_in_the_process_spark_started(
-    tmp_path: Path, jvm: FakeJvm
+    tmp_path: Path, jvm: FakeJvm, started_by: Callable[[str], str]
 ) -> None:
-    stand_in = start_runner(jvm, str(tmp_path / "nobody-listens.sock"))
+    stand_in = start_runner(jvm, str(tmp_path / "nobody-listens.sock"), started_by(sys.executable))
     assert jvm.runner_pid() == stand_in.pid
     stand_in.terminate()
     _, err = stand_in.communicate(timeout=30)
@@ -285,18 +299,17 @@ def test_without_a_warm_process_the_runner_starts_in_the_process_spark_started(
 
 
 def test_a_runner_that_cannot_be_handed_over_says_so_and_starts_cold(
-    tmp_path: Path, jvm: FakeJvm
+    tmp_path: Path, jvm: FakeJvm, started_by: Callable[[str], str]
 ) -> None:
     stale = tmp_path / "stale.sock"  # a socket file nobody listens on (a warm process killed)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as left:
         left.bind(str(stale))
-    stand_in = start_runner(jvm, str(stale))
+    stand_in = start_runner(jvm, str(stale), started_by(sys.executable))
     assert jvm.runner_pid() == stand_in.pid
     stand_in.terminate()
     _, err = stand_in.communicate(timeout=30)
-    assert "splitflow: the streaming source runner starts cold: ConnectionRefusedError" in (
-        err.decode()
-    )
+    said = "splitflow: the streaming source runner starts cold: ConnectionRefusedError"
+    assert err.decode().count(said) == 1  # tried once: not again in the process it became
 
 
 @pytest.mark.slow
@@ -324,19 +337,19 @@ def test_a_runner_waits_for_a_warm_process_that_never_gets_ready_then_says_so_an
 
 
 def test_a_runner_of_another_python_starts_where_spark_started_it(
-    tmp_path: Path, warm: WarmStart, jvm: FakeJvm
+    tmp_path: Path, warm: WarmStart, jvm: FakeJvm, started_by: Callable[[str], str]
 ) -> None:
     """``PYSPARK_PYTHON`` names another Python than the driver's: not the warm process's."""
     venv = tmp_path / "other"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    stand_in = start_runner(jvm, warm.socket_path, python=str(venv / "bin" / "python"))
+    stand_in = start_runner(jvm, warm.socket_path, started_by(str(venv / "bin" / "python")))
     assert jvm.runner_pid() == stand_in.pid
     stand_in.terminate()
     stand_in.communicate(timeout=30)
 
 
 def test_a_runner_keeps_the_string_hashing_spark_gave_it(
-    warm: WarmStart, jvm: FakeJvm, monkeypatch: pytest.MonkeyPatch
+    warm: WarmStart, jvm: FakeJvm, monkeypatch: pytest.MonkeyPatch, started_by: Callable[[str], str]
 ) -> None:
     """Spark's Python processes get ``PYTHONHASHSEED`` (the driver's, or 0), which Python
     reads only when it starts: the warm process starts with it, and a process that asks for
@@ -344,14 +357,16 @@ def test_a_runner_keeps_the_string_hashing_spark_gave_it(
     environ = Path(f"/proc/{warm.process.pid}/environ").read_bytes().split(b"\0")
     assert f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '0')}".encode() in environ
     monkeypatch.setenv("PYTHONHASHSEED", "7")
-    stand_in = start_runner(jvm, warm.socket_path)
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable))
     assert jvm.runner_pid() == stand_in.pid
     stand_in.terminate()
     stand_in.communicate(timeout=30)
 
 
-def test_killing_the_stand_in_kills_the_runner(warm: WarmStart, jvm: FakeJvm) -> None:
-    stand_in = start_runner(jvm, warm.socket_path)
+def test_killing_the_stand_in_kills_the_runner(
+    warm: WarmStart, jvm: FakeJvm, started_by: Callable[[str], str]
+) -> None:
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable))
     pid = jvm.runner_pid()
     stand_in.kill()
     stand_in.communicate(timeout=30)
@@ -391,9 +406,9 @@ def test_without_pidfd_a_runner_still_dies_with_its_stand_in(tmp_path: Path, jvm
 
 
 def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
-    warm: WarmStart, jvm: FakeJvm
+    warm: WarmStart, jvm: FakeJvm, started_by: Callable[[str], str]
 ) -> None:
-    stand_in = start_runner(jvm, warm.socket_path)
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable))
     pid = jvm.runner_pid()
     stand_in.send_signal(signal.SIGTERM)  # what Spark's stop of a Python worker sends
     stand_in.communicate(timeout=30)
@@ -403,13 +418,13 @@ def test_a_signal_to_the_stand_in_reaches_the_runner_and_ends_both(
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
 def test_a_runner_ignores_a_signal_the_process_spark_started_ignores(
-    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals
+    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals, started_by: Callable[[str], str]
 ) -> None:
     """pyspark launches the JVM with SIGINT ignored, and the processes the JVM starts inherit
     that (``nohup`` does the same with SIGHUP): a Ctrl-C in the driver's terminal is the
     driver's to handle. A runner forked warm ignores it too, and its stand-in passes none on;
     else a Ctrl-C to the driver's process group killed the runner under a running query."""
-    stand_in = start_runner(jvm, warm.socket_path, ignore=sig)
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable), ignore=sig)
     pid = jvm.runner_pid()
     assert _ignores(stand_in.pid, sig)
     assert _ignores(pid, sig), "the runner forked warm does not ignore it"
@@ -442,9 +457,9 @@ def test_warm_start_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_runner_killed_ends_its_stand_in_by_the_same_signal_and_nothing_restarts_it(
-    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals
+    warm: WarmStart, jvm: FakeJvm, sig: signal.Signals, started_by: Callable[[str], str]
 ) -> None:
-    stand_in = start_runner(jvm, warm.socket_path)
+    stand_in = start_runner(jvm, warm.socket_path, started_by(sys.executable))
     os.kill(jvm.runner_pid(), sig)  # the OOM killer, say
     stand_in.communicate(timeout=30)
     assert stand_in.returncode == -sig
@@ -475,7 +490,7 @@ def test_a_signal_sent_before_the_stand_in_knows_its_child_is_passed_on_to_it(
             "spec = importlib.util.spec_from_file_location('stand_in', sys.argv[2])\n"
             "site = importlib.util.module_from_spec(spec)\n"
             "spec.loader.exec_module(site)\n"
-            "code = site.hand_over(sys.argv[1], site.DAEMON, [])\n"
+            "code = site.hand_over(sys.argv[1], site.DAEMON, [], sys.path)\n"
             "os._exit(99 if code is None else code)\n",
             path,
             sitecustomize.__file__,
@@ -503,10 +518,10 @@ def test_a_signal_sent_before_the_stand_in_knows_its_child_is_passed_on_to_it(
 
 
 def test_a_daemon_is_forked_warm_and_forks_workers_with_everything_imported(
-    warm: WarmStart,
+    warm: WarmStart, started_by: Callable[[str], str]
 ) -> None:
-    daemon = Daemon(warm.socket_path)
-    cold = Daemon(None)
+    daemon = Daemon(warm.socket_path, started_by(sys.executable))
+    cold = Daemon(None, started_by(sys.executable))
     try:
         worker = daemon.worker()
         forked = psutil.Process(worker).ppid()
@@ -524,12 +539,12 @@ def test_a_daemon_is_forked_warm_and_forks_workers_with_everything_imported(
 
 @pytest.mark.parametrize("stop", ["stdin", "SIGTERM"])
 def test_a_daemon_stops_as_a_cold_one_and_takes_its_workers_along(
-    warm: WarmStart, stop: str
+    warm: WarmStart, stop: str, started_by: Callable[[str], str]
 ) -> None:
     """Spark stops a daemon by closing its stdin (the JVM exits) or with SIGTERM."""
     codes = []
     for socket_path in (warm.socket_path, None):
-        daemon = Daemon(socket_path)
+        daemon = Daemon(socket_path, started_by(sys.executable))
         try:
             worker = daemon.worker()
             forked = psutil.Process(worker).ppid()
@@ -694,6 +709,157 @@ def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+def _request(command: list[str], env: dict[str, str], cwd: Path, warm: socket.socket) -> Any:
+    """What a stand-in started with ``command`` asks the (fake) warm process listening on
+    ``warm`` for."""
+    stand_in = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        connection, _ = warm.accept()
+        with connection:
+            header, fds, _, _ = socket.recv_fds(connection, 4, 3)
+            for fd in fds:
+                os.close(fd)
+            (size,) = struct.unpack("!I", header)
+            return marshal.loads(_read(connection, size))
+    finally:
+        stand_in.kill()
+        stand_in.wait(timeout=30)
+
+
+def test_the_launcher_asks_for_what_python_started_by_spark_would(tmp_path: Path) -> None:
+    """The same module, arguments, working directory, environment (Spark's ``PYTHONPATH``
+    in it) and ``sys.path``: the launcher starts its stand-in without Spark's ``PYTHONPATH``
+    and makes the path as Python makes it from one (entries absolute, each once, before the
+    interpreter's own). A fake warm process here."""
+    path = str(tmp_path / "warm.sock")
+    warm = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    warm.bind(path)
+    warm.listen(2)
+    warm.settimeout(30)
+    env = _env(path)
+    purelib = sysconfig.get_paths()["purelib"]  # also where site puts the packages
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], "relative", "", purelib])
+    (tmp_path / "work").mkdir()
+    args = ["-m", RUNNER, "an argument"]
+    try:
+        asked = _request([sys.executable, *args], env, tmp_path / "work", warm)
+        launched = _request([launcher(sys.executable), *args], env, tmp_path / "work", warm)
+    finally:
+        warm.close()
+    assert asked["path"][0] == str(tmp_path / "work")  # `python -m`'s first entry
+    assert SITE_DIR in asked["path"]
+    assert str(tmp_path / "work" / "relative") in asked["path"]
+    assert asked["path"].count(purelib) == 1
+    del asked["pid"], launched["pid"]
+    # the shell that runs the launcher sets PWD to the working directory it was started in
+    assert launched["env"].pop("PWD") == str(tmp_path / "work")
+    asked["env"].pop("PWD", None)
+    assert launched == asked
+
+
+_SHOW = "import json, os, sys; print(json.dumps([sys.argv, dict(os.environ), sys.path]))"
+
+
+def test_the_launcher_becomes_the_process_spark_would_have_started(tmp_path: Path) -> None:
+    """One not to hand over (not ``-m`` a runner or daemon), in the same process: with
+    Spark's arguments, environment and path."""
+    env = _env(str(tmp_path / "warm.sock"))
+    (tmp_path / "shown.py").write_text(_SHOW)
+    for command in (["-c", _SHOW, "an argument"], ["-m", "shown", "an argument"]):
+        shown = [
+            subprocess.run(
+                [python, *command], env=env, cwd=tmp_path, capture_output=True, check=True
+            ).stdout
+            for python in (sys.executable, launcher(sys.executable))
+        ]
+        (argv, environment, path), launched = (json.loads(s) for s in shown)
+        assert argv[1:] == ["an argument"]
+        assert environment[SOCKET_ENV] == env[SOCKET_ENV]  # not handed over: left as it was
+        assert launched[1].pop("PWD") == str(tmp_path)  # set by the launcher's shell
+        environment.pop("PWD", None)
+        assert launched == [argv, environment, path]
+
+
+class _Context:
+    def __init__(self, master: str) -> None:
+        self.master = master
+        self.pythonExec = sys.executable
+        self.environment: dict[str, str] = {}
+
+
+class _Spark:
+    def __init__(self, master: str) -> None:
+        self.sparkContext = _Context(master)
+
+
+@pytest.mark.parametrize(
+    ("master", "launched"),
+    [
+        ("local[2]", True),
+        ("local-cluster[2,1,1024]", True),
+        ("spark://127.0.0.1:7077", False),  # its workers may be on other machines
+        ("yarn", False),
+    ],
+)
+def test_sources_registered_with_a_local_session_start_their_processes_by_the_launcher(
+    master: str, launched: bool
+) -> None:
+    spark = _Spark(master)
+    with registering(spark):
+        during = spark.sparkContext.pythonExec
+        assert spark.sparkContext.environment[SOCKET_ENV]
+    assert spark.sparkContext.pythonExec == sys.executable  # as it was after
+    assert spark.sparkContext.environment == {}
+    if not launched:
+        assert during == sys.executable
+        return
+    assert during == launcher(sys.executable) != sys.executable
+    assert os.access(during, os.X_OK)
+    assert shlex.quote(sys.executable) in Path(during).read_text()
+
+
+_LAUNCHING_DRIVER = """
+import os, sys
+from splitflow.spark.warmstart import launcher
+print(launcher(sys.executable), flush=True)
+if sys.argv[1] == "killed":
+    os._exit(0)  # no atexit: as a driver killed
+"""
+
+
+def test_the_launcher_s_directory_goes_with_its_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removed when the driver exits, or by the next driver that starts a warm process after
+    one that was killed."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    written = {}
+    for way in ("exits", "killed"):
+        done = subprocess.run(
+            [sys.executable, "-c", _LAUNCHING_DRIVER, way],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        written[way] = Path(done.stdout.strip())
+    assert not written["exits"].exists()
+    assert written["killed"].exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = _private_directory(None)
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(made)]
+
+
+def test_a_launcher_that_cannot_be_written_leaves_python_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(warmstart, "_LAUNCHERS", {})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-there"))
+    assert launcher(sys.executable) == sys.executable
+    assert "Python processes start as Spark starts them" in caplog.text
+    assert str(tmp_path / "not-there") in caplog.text
+
+
 def test_a_zip_archive_on_a_forked_process_s_path_is_read_again_only_once_it_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -813,11 +979,24 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
         runners, daemons = children()
         assert len(runners - runners_before) == 1, _state(warm)
         (runner,) = runners - runners_before
+        jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
+        stand_ins = [cmdline(p) for p in jvm.children() if RUNNER in cmdline(p)]
+        assert stand_ins, _tree(spark)
+        for command in stand_ins:  # started by the launcher (a local session's sources)
+            assert command[1] == str(Path(SITE_DIR, "sitecustomize.py")), command
         workers = [w.pid for d in daemons for w in psutil.Process(d).children()]
         assert workers, f"no daemon of the warm process forked the tasks' workers: {_tree(spark)}"
     finally:
         query.stop()
     assert _gone(runner, 30), "the runner outlived its query"
+
+
+def cmdline(process: psutil.Process) -> list[str]:
+    """``process``'s command line (none once it ended)."""
+    try:
+        return list(process.cmdline())
+    except psutil.Error:
+        return []
 
 
 OWN_DAEMON = "SPLITFLOW_TEST_OWN_DAEMON"

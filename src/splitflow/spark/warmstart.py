@@ -39,11 +39,13 @@ Linux only (it forks a process that imported pyarrow and numpy; see :data:`_ONE_
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import marshal
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -60,7 +62,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
-from splitflow.spark._warmsite.sitecustomize import HANDED, PID_FILE, SOCKET_ENV, alive
+from splitflow.spark._warmsite.sitecustomize import HANDED, PATH_ENV, PID_FILE, SOCKET_ENV, alive
 
 log = logging.getLogger("splitflow.spark")
 
@@ -260,7 +262,8 @@ def _answers(socket_path: str) -> bool:
 def registering(spark: Any) -> Iterator[None]:
     """Data sources registered with ``spark`` in this block hand their runners to the warm
     process (started now if it is not running): the variables go into the context's
-    ``environment`` (what a data source registered keeps for its Python processes) and back
+    ``environment`` (what a data source registered keeps for its Python processes), and in
+    local mode the :func:`launcher` into its ``pythonExec`` (which it keeps too), both back
     as they were after the block. With Spark Connect (no context here: the server starts the
     runners) or warm start off, the block registers them as they are."""
     try:
@@ -272,12 +275,16 @@ def registering(spark: Any) -> Iterator[None]:
         yield
         return
     before = dict(sc.environment)
+    python = sc.pythonExec
     sc.environment.update(_variables(warm, before))
+    if sc.master.startswith("local"):  # every process it starts is on this machine
+        sc.pythonExec = launcher(python)
     try:
         yield
     finally:
         sc.environment.clear()
         sc.environment.update(before)
+        sc.pythonExec = python
 
 
 @contextmanager
@@ -304,6 +311,56 @@ def starting_spark(detached: bool = False) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+_LAUNCHER = """#!/bin/sh
+# splitflow's launcher of {python} for Spark (splitflow.spark.warmstart.launcher)
+export {path_env}="${{PYTHONPATH-}}"
+unset PYTHONPATH
+exec {python} {script} {python} "$@"
+"""
+_LAUNCHERS: dict[str, str] = {}
+"""The launcher of each Python, by ``pythonExec``."""
+
+
+def launcher(python: str) -> str:
+    """An executable Spark can start instead of ``python`` (a data source's ``pythonExec``)
+    that hands a streaming source runner or worker daemon over to the warm process without
+    what every Python process Spark starts spends first: reading the directories of the
+    archives Spark puts ahead of the standard library on its ``PYTHONPATH`` (``pyspark.zip``,
+    py4j's, the 16 MB jar Spark runs from), about 30 ms of CPU before a ``sitecustomize``
+    could run. A shell script: it starts ``python`` without that ``PYTHONPATH`` on the
+    stand-in (:func:`~splitflow.spark._warmsite.sitecustomize.launch`), which asks the warm
+    process for what ``python`` started by Spark would have run, or becomes that process
+    (the shell sets ``PWD`` to the working directory). Written once per driver process and
+    Python, in a private directory that lives as long as the driver (and is removed by the
+    next driver's warm start after one killed); ``python`` itself when it cannot be
+    written. Only a local session's sources use it (:func:`registering`): a cluster's
+    executors elsewhere would not find it."""
+    found = _LAUNCHERS.get(python)
+    if found is not None:
+        return found
+    try:
+        directory = _LAUNCHERS.get("") or tempfile.mkdtemp(prefix=_PREFIX + "launch-")
+        if "" not in _LAUNCHERS:
+            _LAUNCHERS[""] = directory
+            Path(directory, PID_FILE).write_text(str(os.getpid()))
+            atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        path = os.path.join(directory, f"python-{len(_LAUNCHERS)}")
+        text = _LAUNCHER.format(
+            python=shlex.quote(python),
+            path_env=PATH_ENV,
+            script=shlex.quote(os.path.join(SITE_DIR, "sitecustomize.py")),
+        )
+        with open(path + ".new", "w") as file:
+            file.write(text)
+        os.chmod(path + ".new", 0o700)
+        os.rename(path + ".new", path)
+    except OSError as exc:
+        log.warning("splitflow: Python processes start as Spark starts them: %s", exc)
+        return python
+    _LAUNCHERS[python] = path
+    return path
 
 
 def _variables(warm: WarmStart, environment: Mapping[str, str]) -> dict[str, str]:

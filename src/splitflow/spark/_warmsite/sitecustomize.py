@@ -4,6 +4,8 @@ worker daemon is handed to the driver's warm process (:mod:`splitflow.spark.warm
 which forks it with pyspark, pandas, pyarrow and splitflow already imported; this process
 stands in for it until it exits. Any other process, or one that cannot be handed over, goes
 on as usual, after the environment's own ``sitecustomize`` (the next one on ``sys.path``).
+Run as a script, it is the stand-in the launcher of a local session's sources starts
+(:func:`launch`), before Python reads any of the archives Spark puts on the path.
 
 Standard library only, imported on use: every such process pays for this module.
 """
@@ -22,6 +24,9 @@ HANDED = {RUNNER: "the streaming source runner", DAEMON: "the Python worker daem
 """The modules handed to the warm process (``python -m MODULE ...``), and what they are."""
 SOCKET_ENV = "SPLITFLOW_WARM_RUNNER_SOCKET"
 """The warm process's socket (set by ``splitflow.spark.register``)."""
+PATH_ENV = "SPLITFLOW_PYTHONPATH"
+"""The ``PYTHONPATH`` Spark gave a process it started through the launcher, which starts
+this module with none."""
 PID_FILE = "pid"
 """The warm process's pid, in its socket's directory (written by the driver that starts it)."""
 PASSED_ON = (15, 2, 1)
@@ -34,11 +39,11 @@ a runner well inside the 10 s Spark waits for it to connect back; a daemon, whic
 the application from then on (and Spark waits for without a limit), longer."""
 
 
-def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
-    """Have the warm process at ``socket_path`` run ``python -m module *args`` for this
-    process; its exit code once it exited (killed by a signal, the stand-in is killed by it
-    too), or None when nothing was handed over (it starts here). The request is
-    ``marshal``-ed, over ``_socket``: built into the interpreter, which ``json`` and
+def hand_over(socket_path: str, module: str, args: list[str], path: list[str]) -> int | None:
+    """Have the warm process at ``socket_path`` run ``python -m module *args`` for this process,
+    with ``path`` for its ``sys.path``; its exit code once it exited (killed by a signal, the
+    stand-in is killed by it too), or None when nothing was handed over (it starts here). The
+    request is ``marshal``-ed, over ``_socket``: built into the interpreter, which ``json`` and
     ``socket`` are not (7 ms of imports, in every runner's start)."""
     import marshal
     import signal
@@ -54,7 +59,6 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
     try:
         _wait_ready(socket_path, WAIT[module])
         connection.connect(socket_path)
-        # What `python -m` would give the module: the working directory first on its path.
         request = {
             "pid": os.getpid(),
             "python": [sys.prefix, sys.version],  # the warm process runs only its own
@@ -62,7 +66,7 @@ def hand_over(socket_path: str, module: str, args: list[str]) -> int | None:
             "args": args,
             "cwd": os.getcwd(),
             "env": dict(os.environ),
-            "path": [os.getcwd(), *sys.path],
+            "path": path,
             # pyspark launches the JVM with SIGINT ignored (a terminal's Ctrl-C is the
             # driver's), nohup ignores SIGHUP; the processes it starts inherit that: the
             # process forked for this one ignores the same
@@ -185,11 +189,39 @@ def _module() -> tuple[str, list[str]] | None:
     return argv[2], argv[3:]
 
 
+def launch(python: str, argv: list[str]) -> None:
+    """Run by the launcher Spark starts instead of ``python`` (a data source's
+    ``pythonExec``; see :func:`splitflow.spark.warmstart.launcher`) with ``argv``: hand
+    ``-m MODULE ARGS`` over to the warm process as :func:`hand_over` does, or, when it is not
+    a module to hand over or nothing was handed over, become ``python argv``, the process
+    Spark would have started. This process started with no ``PYTHONPATH`` (the launcher kept
+    it in :data:`PATH_ENV`): none of the archives Spark puts on it, whose directories every
+    Python process Spark starts reads first (about 30 ms of CPU, in ``zipimport``)."""
+    kept = os.environ.pop(PATH_ENV, "")
+    if kept:
+        os.environ["PYTHONPATH"] = kept
+    warm = os.environ.get(SOCKET_ENV)
+    if warm and len(argv) > 1 and argv[0] == "-m" and argv[1] in HANDED:
+        # The path Python gives `python -m` with that PYTHONPATH: the working directory, the
+        # PYTHONPATH's entries made absolute, then the rest, each once (as `site` leaves it).
+        entries = [os.path.abspath(p) for p in kept.split(os.pathsep)] if kept else []
+        rest = sys.path if sys.flags.safe_path else sys.path[1:]  # not this script's directory
+        path = [os.getcwd(), *dict.fromkeys([*entries, *rest])]
+        code = hand_over(warm, argv[1], argv[2:], path)
+        if code is not None:
+            os._exit(code)
+        del os.environ[SOCKET_ENV]  # tried: the process this one becomes does not again
+    os.execvp(python, [python, *argv])
+
+
 if __name__ == "sitecustomize":  # not when imported as splitflow.spark._warmsite.sitecustomize
     _warm = os.environ.get(SOCKET_ENV)
     _run = _module() if _warm else None
     if _warm and _run is not None:
-        _code = hand_over(_warm, *_run)
+        # What `python -m` gives the module: the working directory first on its path.
+        _code = hand_over(_warm, *_run, [os.getcwd(), *sys.path])
         if _code is not None:
             os._exit(_code)
     _next_sitecustomize()
+elif __name__ == "__main__":  # the launcher: PYTHON sitecustomize.py PYTHON ARGS...
+    launch(sys.argv[1], sys.argv[2:])
