@@ -13,6 +13,7 @@ stopping the query ends the runner.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import marshal
 import os
@@ -50,6 +51,7 @@ from splitflow.spark.warmstart import (
     WarmStart,
     _answers,
     _archives,
+    _launch_directory,
     _private_directory,
     launcher,
     registering,
@@ -850,14 +852,40 @@ def test_the_launcher_s_directory_goes_with_its_driver(
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(made)]
 
 
-def test_a_launcher_that_cannot_be_written_leaves_python_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("why", ["no directory", "noexec"])
+def test_a_launcher_that_cannot_be_written_or_run_leaves_python_as_it_is(
+    why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Without a writable temporary directory, or with one on a file system mounted noexec
+    (where Spark could not start the script), Spark starts Python as before: said once."""
     monkeypatch.setattr(warmstart, "_LAUNCHERS", {})
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-there"))
+    monkeypatch.setattr(
+        warmstart, "_launch_directory", functools.cache(_launch_directory.__wrapped__)
+    )
+    if why == "no directory":
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-there"))
+        said = str(tmp_path / "not-there")
+    else:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        statvfs = os.statvfs
+        monkeypatch.setattr(
+            os, "statvfs", lambda p: _Mounted(statvfs(p), statvfs(p).f_flag | os.ST_NOEXEC)
+        )
+        said = "mounted noexec"
     assert launcher(sys.executable) == sys.executable
-    assert "Python processes start as Spark starts them" in caplog.text
-    assert str(tmp_path / "not-there") in caplog.text
+    assert launcher(sys.executable) == sys.executable
+    warnings = [r.getMessage() for r in caplog.records if "as Spark starts them" in r.getMessage()]
+    assert len(warnings) == 1  # once: the answer is kept
+    assert "splitflow: Python processes start as Spark starts them: " in warnings[0]
+    assert said in warnings[0]
+
+
+class _Mounted:
+    """``os.statvfs``'s answer with other mount flags."""
+
+    def __init__(self, found: os.statvfs_result, flags: int) -> None:
+        self.f_flag = flags
+        self.found = found
 
 
 def test_a_zip_archive_on_a_forked_process_s_path_is_read_again_only_once_it_changed(

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import functools
 import logging
 import marshal
 import os
@@ -320,7 +321,8 @@ unset PYTHONPATH
 exec {python} {script} {python} "$@"
 """
 _LAUNCHERS: dict[str, str] = {}
-"""The launcher of each Python, by ``pythonExec``."""
+"""What Spark starts for each Python (by ``pythonExec``): its launcher, or the Python itself
+when none could be written."""
 
 
 def launcher(python: str) -> str:
@@ -340,13 +342,9 @@ def launcher(python: str) -> str:
     found = _LAUNCHERS.get(python)
     if found is not None:
         return found
+    found = python
     try:
-        directory = _LAUNCHERS.get("") or tempfile.mkdtemp(prefix=_PREFIX + "launch-")
-        if "" not in _LAUNCHERS:
-            _LAUNCHERS[""] = directory
-            Path(directory, PID_FILE).write_text(str(os.getpid()))
-            atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        path = os.path.join(directory, f"python-{len(_LAUNCHERS)}")
+        path = os.path.join(_launch_directory(), f"python-{len(_LAUNCHERS)}")
         text = _LAUNCHER.format(
             python=shlex.quote(python),
             path_env=PATH_ENV,
@@ -356,11 +354,23 @@ def launcher(python: str) -> str:
             file.write(text)
         os.chmod(path + ".new", 0o700)
         os.rename(path + ".new", path)
+        found = path
     except OSError as exc:
         log.warning("splitflow: Python processes start as Spark starts them: %s", exc)
-        return python
-    _LAUNCHERS[python] = path
-    return path
+    _LAUNCHERS[python] = found
+    return found
+
+
+@functools.cache
+def _launch_directory() -> str:
+    """This driver's directory of launchers: made on first use, removed when the driver
+    exits (or after it, by :func:`_remove_left_behind`, which finds its pid file)."""
+    directory = tempfile.mkdtemp(prefix=_PREFIX + "launch-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    Path(directory, PID_FILE).write_text(str(os.getpid()))
+    if os.statvfs(directory).f_flag & os.ST_NOEXEC:
+        raise OSError(f"{directory} is on a file system mounted noexec")
+    return directory
 
 
 def _variables(warm: WarmStart, environment: Mapping[str, str]) -> dict[str, str]:
