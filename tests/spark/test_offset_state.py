@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,7 @@ from tests.spark.test_planner import (
     records_of,
 )
 
+from splitflow.api.events import SplitsFinishedEvent
 from splitflow.errors import CheckpointStateError, ConfigurationError
 from splitflow.spark.events import EventStore
 from splitflow.spark.limits import MaxRecords
@@ -46,7 +48,9 @@ from splitflow.spark.planner import Planner
 from splitflow.spark.snapshots import StateRef, from_json, to_json
 from splitflow.testing.sequence import (
     SequenceCatalog,
+    SequenceEnumerator,
     SequenceSource,
+    SequenceSplit,
 )
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
@@ -221,25 +225,85 @@ def test_a_split_read_on_is_moved_in_the_delta_when_another_left_its_slot(
     assert query.planner.read_offset(query.offset) == query.planner.planned(query.offset)
 
 
-def test_a_slot_holding_a_split_id_twice_counts_it_as_its_state_files_hold_it(
-    tmp_path: Path,
+class AgainTwice(SequenceEnumerator):
+    """Assigns ``b`` again as it finishes, twice: a new split of the same id where the
+    catalog ends it then."""
+
+    times = 2
+
+    def handle_source_event(self, reader_id: int, event: Any) -> None:
+        super().handle_source_event(reader_id, event)
+        if self.times and isinstance(event, SplitsFinishedEvent) and "b" in event.split_ids:
+            self.times -= 1
+            self._finished.pop("b", None)
+            end = self._source.catalog.lengths()["b"]
+            self.add_splits([SequenceSplit("b", position=end)])
+
+
+class AgainTwiceSource(AgainAsItEndsSource):
+    def create_enumerator(self, context: Any) -> Any:
+        return AgainTwice(self, context, None)
+
+    def restore_enumerator(self, context: Any, state: Any) -> Any:
+        return AgainTwice(self, context, state)
+
+
+@pytest.mark.parametrize("source", [AgainAsItEndsSource, AgainTwiceSource])
+def test_a_slot_holding_a_split_id_twice_reads_back_whole_and_restarts_from_it(
+    source: type[AgainAsItEndsSource], tmp_path: Path
 ) -> None:
     """A split read to its end and assigned again while it finishes leaves its slot with two
-    slices of its id; the state keys a slot's slices by split id (one of them), and the
-    offset counts the slices so, or it would not read back."""
+    slices of its id (twice in a row, with ``AgainTwiceSource``). The state keeps a slot's
+    slices by split id, the new one's there and the ending one apart: the offset reads back
+    as planned (a replay reads the same), counts the slices as the state holds them, and a
+    restart from it holds the new split (before, the state kept the ending slice alone, and
+    the restart failed with SplitOwnershipError: the new split in no reader's state)."""
     catalog = SequenceCatalog({"a": 2, "b": 2})
-    source = AgainAsItEndsSource(catalog, discovery_interval=DISCOVERY)
-    query = Query(Planner(source, 1, clock=FakeClock(), state_dir=str(tmp_path)))
+    query = Query(
+        Planner(
+            source(catalog, discovery_interval=DISCOVERY),
+            1,
+            clock=FakeClock(),
+            state_dir=str(tmp_path / "state"),
+        )
+    )
     assert query.batch() is not None
-    catalog.append("b", 1)
+    ends = []
     catalog.seal("b")
+    for _ in range(2 if source is AgainTwiceSource else 1):
+        catalog.append("b", 1)  # the b held reads it, to b's end
+        catalog.append("a", 1)
+        end = query.plan()
+        assert end is not None
+        planned = query.planner.planned(end)
+        held = [(s.body.split_id, s.ends) for s in planned.slots[0]]
+        assert sorted(held) == [("a", False), ("b", False), ("b", True)]
+        assert StateRef.decode(end["state"]).size == 2  # as the state's files hold them
+        assert query.planner.read_offset(end) == planned  # not only the ending slice of b
+        query.run(end)
+        ends.append(end)
     catalog.append("a", 1)
-    end = query.plan()
-    assert end is not None
-    held = [s.body.split_id for s in query.planner.planned(end).slots[0]]
-    assert sorted(held) == ["a", "b", "b"]
-    assert StateRef.decode(end["state"]).size == 2
-    query.planner.read_offset(end)  # raises CheckpointStateError when the sizes disagree
+    query.drain()
+    every = [(n, i) for n, count in catalog.lengths().items() for i in range(count)]
+    assert_exactly_once(query.read, every)
+    for at, end in enumerate(ends):
+        before = query.batches[: query.ends.index(end) + 1]
+        copy = tmp_path / f"restart-{at}"
+        shutil.copytree(
+            tmp_path / "state", copy
+        )  # as the state was when the query stopped after end
+        restarted = Query(
+            Planner(
+                source(catalog, discovery_interval=DISCOVERY),
+                1,
+                clock=FakeClock(),
+                state_dir=str(copy),
+            ),
+            start=end,
+        )
+        restarted.drain()
+        assert_exactly_once([r for b in before for r in b] + restarted.read, every)
+        restarted.planner.close()
 
 
 def test_after_a_state_of_format_6_the_state_is_written_whole(tmp_path: Path) -> None:

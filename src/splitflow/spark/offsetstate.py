@@ -25,7 +25,10 @@ values are set whole. A slot's slices that keep their split (the same encoding: 
 those a batch reads on) are ``moved`` instead of set: ``{"<split id>": [start, stop, seq,
 (1)]}``, the entry without its split id and split, which stay as they were. A batch that
 reads 1% of the splits writes a delta about the size of those splits' positions (a slice
-stays as the batch that read it left it until a batch reads the split again).
+stays as the batch that read it left it until a batch reads the split again). A slot can
+hold one split id twice: a split read to its end whose id the enumerator assigns again while
+it finishes. The state keeps the new split's slice under the id, and the ending one apart,
+in ``"ending": {"<slot>": [entry, ...]}``, which only the batch that read it to its end has.
 
 **Why a replay reads the same records.** A batch's files are written before Spark learns
 its offset, and never written again while an offset Spark keeps refers to them
@@ -45,6 +48,8 @@ files, unless they are of an older format); so a restore reads the snapshot and 
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -68,6 +73,7 @@ COMPACT_EVERY = 20
 _MISSING = object()
 _ID = itemgetter(0)  # of a slice's entry: its split id
 _POSITIONS = itemgetter(slice(2, None))  # of a slice's entry: start, stop, seq (and end)
+_END = 5  # of a slice's entry: the index of its end mark
 
 
 def difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
@@ -115,6 +121,30 @@ def patched(document: JsonDict, change: Mapping[str, Any]) -> JsonDict:
 def _keyed(entries: Sequence[list[Any]]) -> dict[str, list[Any]]:
     """A slot's ``entries`` by split id, as the state's document holds them."""
     return dict(zip(map(_ID, entries), entries, strict=True))
+
+
+def _ends(entry: list[Any]) -> bool:
+    return len(entry) > _END and entry[_END] == 1
+
+
+def _apart(entries: Sequence[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """A slot's ``entries`` that hold a split id twice (a split read to its end, assigned
+    again while it finished) as those the state keeps by split id, and the ending ones of
+    the ids held twice, which it keeps apart (``ending``)."""
+    twice = {sid for sid, n in Counter(map(_ID, entries)).items() if n > 1}
+    ending = [e for e in entries if _ID(e) in twice and _ends(e)]
+    kept = [e for e in entries if not (_ID(e) in twice and _ends(e))]
+    return kept, ending
+
+
+def _with_ending(slot: Mapping[str, list[Any]], ending: Sequence[list[Any]]) -> list[list[Any]]:
+    """A slot's entries as the offset holds them: in split id order, each ending entry of an
+    id held twice after the other entry of its id (as the planner sorts them)."""
+    ids = sorted(slot)
+    entries = [slot[sid] for sid in ids]
+    for entry in sorted(ending, key=_ID, reverse=True):  # later places first: the rest stay
+        entries.insert(bisect_right(ids, _ID(entry)), entry)
+    return entries
 
 
 def _moved(old: Mapping[str, list[Any]], change: JsonDict) -> JsonDict:
@@ -205,21 +235,25 @@ class OffsetState(SnapshotLog):
     def _state_after(
         self, offset: JsonDict, hints: Sequence[Changed | None] | None
     ) -> tuple[JsonDict, dict[str, dict[str, list[Any]]], JsonDict]:
-        """The state of ``offset`` (its slots the offset's lists of entries), those of its
-        slots made by split id (:attr:`_keyed`), and the :func:`difference` of its slots
-        from those of the state before, with the slices that keep their split ``moved``.
+        """The state of ``offset`` (its slots the offset's lists of entries, less the
+        ending entries of split ids a slot holds twice, ``ending``), those of its slots made
+        by split id (:attr:`_keyed`), and the :func:`difference` of its slots from those of
+        the state before, with the slices that keep their split ``moved``.
 
-        A slot with ``hints`` is not made by split id: its change is the hint's entries."""
+        A slot with ``hints`` is not made by split id: its change is the hint's entries
+        (unless the slot held an id twice before: the hints pair its entries by place)."""
         before = self._state.get("slots", {})
         slots: JsonDict = {}
         keyed: dict[str, dict[str, list[Any]]] = {}
         added: JsonDict = {}
         nested: JsonDict = {}
+        ending: JsonDict = {}
+        was_ending = self._state.get("ending", {})
         for index, entries in enumerate(offset["slots"]):
             key = str(index)
             old = before.get(key)
             hint = hints[index] if hints is not None and index < len(hints) else None
-            if old is not None and hint is not None:
+            if old is not None and hint is not None and key not in was_ending:
                 change: JsonDict = {}
                 if hint.split:
                     change["set"] = dict(zip(map(_ID, hint.split), hint.split, strict=True))
@@ -232,6 +266,9 @@ class OffsetState(SnapshotLog):
                     keyed[key] = self._keyed[key]
             else:
                 slot = keyed[key] = _keyed(entries)
+                if len(slot) < len(entries):
+                    entries, ending[key] = _apart(entries)
+                    slot = keyed[key] = _keyed(entries)
                 if old is None:
                     added[key] = slot
                 elif inner := difference(old_slot := self._keyed.get(key) or _keyed(old), slot):
@@ -242,6 +279,7 @@ class OffsetState(SnapshotLog):
             "enumerator": offset["enumerator"],
             "slots": slots,
             "event_times": offset.get("event_times", {}),
+            **({"ending": ending} if ending else {}),
         }
         return (
             state,
@@ -295,12 +333,16 @@ class OffsetState(SnapshotLog):
                 "query, or altered",
                 path=self.root,
             )
-        whole = [[slot[sid] for sid in sorted(slot)] for slot in slots]
+        ending = state.get("ending", {})
+        whole = [_with_ending(slot, ending.get(str(i), ())) for i, slot in enumerate(slots)]
         # The next state is written as a delta of this one, or whole (after a state of a
         # format before, whose entries a delta would leave in their old form).
         self._ref, self._keyed, self._slots = ref, state["slots"], whole
         self._sizes = {key: len(slot) for key, slot in state["slots"].items()}
-        self._state = {**state, "slots": {str(i): entries for i, entries in enumerate(whole)}}
+        self._state = {
+            **state,
+            "slots": {key: list(slot.values()) for key, slot in state["slots"].items()},
+        }
         self._base_bytes, self._delta_bytes = (
             (sizes[0], sum(sizes[1:])) if small == SMALL else (0, 0)
         )
