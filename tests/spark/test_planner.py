@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from splitflow.api.assigner import AssignerState
 from splitflow.api.enumerator import SplitExtent
 from splitflow.api.events import BacklogStartedEvent, SplitsFinishedEvent
-from splitflow.errors import ConfigurationError, IncompatibleCheckpointError
+from splitflow.errors import ConfigurationError, IncompatibleCheckpointError, SplitOwnershipError
 from splitflow.spark.limits import (
     MaxBytes,
     MaxRecords,
@@ -439,17 +439,16 @@ def test_a_split_removed_as_another_finishes_is_left_out_of_the_batch_that_finis
     assert query.batch() == [("b", 3), ("b", 4)]
 
 
-@pytest.mark.parametrize("remove", [True, False], ids=["removed-and-added", "assigned-again"])
-def test_a_split_assigned_again_as_another_finishes_is_planned_from_where_it_is_now(
-    clock: FakeClock, remove: bool
+def test_a_split_removed_and_added_again_as_another_finishes_is_planned_from_where_it_is_now(
+    clock: FakeClock,
 ) -> None:
-    """The batch that reads ``a`` to its end also reads ``c``, which the enumerator assigns
-    again from its start while ``a`` finishes: the next batch reads ``c`` from where the
-    new assignment's slice stops, never past the records ``c`` has, and the planner's
-    table agrees with every slice."""
+    """The batch that reads ``a`` to its end also reads ``c``, which the enumerator removes
+    and adds again from its start while ``a`` finishes: the next batch reads ``c`` from
+    where the new assignment's slice stops, never past the records ``c`` has, and the
+    planner's table agrees with every slice."""
     catalog = SequenceCatalog({"a": 3, "c": 3})
     catalog.seal("a")
-    source = _on_finish_source(catalog, remove=remove, again=True, discovery_interval=DISCOVERY)
+    source = _on_finish_source(catalog, remove=True, again=True, discovery_interval=DISCOVERY)
     query = Query(Planner(source, 1, clock=clock))
     query.drain()
     assert all(i < 3 for _, i in query.read), query.read  # nothing past c's records
@@ -458,6 +457,25 @@ def test_a_split_assigned_again_as_another_finishes_is_planned_from_where_it_is_
     table = planner._table
     for sid, row in table.row_of.items():
         assert table.position[row] == planner._pieces[planner._slot_of[sid]][sid].stop
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_an_enumerator_that_adds_a_split_a_reader_holds_fails_naming_it(
+    clock: FakeClock, parallelism: int
+) -> None:
+    """Two readers would hold ``c`` (or one, twice) and read it twice: the query stops with
+    SplitOwnershipError naming ``c`` and its reader. Before, the planner went on, reading
+    ``c`` again from its start, and failed later with a KeyError when the two ``c`` were on
+    different readers and one of them finished."""
+    catalog = SequenceCatalog({"a": 3, "c": 3})
+    catalog.seal("a")
+    source = _on_finish_source(catalog, remove=False, again=True, discovery_interval=DISCOVERY)
+    query = Query(Planner(source, parallelism, clock=clock))
+    with pytest.raises(
+        SplitOwnershipError, match=r"added 1 split\(s\) that a reader holds: c \(reader \d\)"
+    ) as raised:
+        query.drain()
+    assert raised.value.split_ids == ("c",)
 
 
 class AgainAsItEnds(SequenceEnumerator):

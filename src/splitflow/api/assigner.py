@@ -472,8 +472,18 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         For splits that appear other than by :meth:`discover_splits` (a change log that
         starts once a snapshot has been read). ``at_start``: whether the first discovery
         of this run found them (see :meth:`backlog_boundary`).
+        Raises SplitOwnershipError for a split whose id a reader holds: a split id is
+        added again only once its split finished or was removed.
         Called by: the coordinator thread.
         """
+        held = sorted({s.split_id for s in splits} & self._owner.keys())
+        if held:
+            owners = ", ".join(f"{sid} (reader {self._owner[sid]})" for sid in held[:10])
+            raise SplitOwnershipError(
+                f"the enumerator added {len(held)} split(s) that a reader holds: {owners}; "
+                "a split id can be added again only once its split finished or was removed",
+                split_ids=tuple(held),
+            )
         extents = self.latest_positions(splits) if splits else {}
         self._known_changes += bool(splits)
         for split in splits:
