@@ -35,6 +35,7 @@ from splitflow.errors import (
     ContractViolation,
     DataLossError,
     SourceFailedError,
+    SplitOwnershipError,
 )
 
 
@@ -829,3 +830,21 @@ def test_snapshots_share_what_stayed_the_same_and_hold_every_change() -> None:
         restored.run(restored.coordinator.register_reader(reader, reported_splits=held))
     assert restored.enumerator.awaiting_report() == {}
     assert snapshot(restored).assigned == restored.enumerator.owners() == state.assigned
+
+
+@pytest.mark.parametrize("held", ["assigned", "restored"])
+def test_adding_a_split_a_reader_holds_fails_naming_it_and_its_reader(held: str) -> None:
+    """Two readers would hold it, or one twice: ``add_splits`` refuses, also for a split a
+    restore holds for its reader's report; a split that finished may be added again."""
+    restored = AssignerState(assigned={"a": 1}, discovered=True) if held == "restored" else None
+    h = make(Catalog(S("a"), S("b")), parallelism=2, state=restored)
+    if held == "assigned":
+        register(h, 0, 1)
+    owner = 1 if held == "restored" else next(r for r, ids in added(h).items() if "a" in ids)
+
+    failed = h.fail(h.coordinator.run(lambda e: e.add_splits([S("a", 5)])))
+
+    cause = failed.__cause__
+    assert isinstance(cause, SplitOwnershipError)
+    assert f"added 1 split(s) that a reader holds: a (reader {owner})" in str(cause)
+    assert cause.split_ids == ("a",)

@@ -17,7 +17,6 @@ import functools
 import json
 import marshal
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -753,9 +752,6 @@ def test_the_launcher_asks_for_what_python_started_by_spark_would(tmp_path: Path
     assert str(tmp_path / "work" / "relative") in asked["path"]
     assert asked["path"].count(purelib) == 1
     del asked["pid"], launched["pid"]
-    # the shell that runs the launcher sets PWD to the working directory it was started in
-    assert launched["env"].pop("PWD") == str(tmp_path / "work")
-    asked["env"].pop("PWD", None)
     assert launched == asked
 
 
@@ -764,8 +760,9 @@ _SHOW = "import json, os, sys; print(json.dumps([sys.argv, dict(os.environ), sys
 
 def test_the_launcher_becomes_the_process_spark_would_have_started(tmp_path: Path) -> None:
     """One not to hand over (not ``-m`` a runner or daemon), in the same process: with
-    Spark's arguments, environment and path."""
-    env = _env(str(tmp_path / "warm.sock"))
+    Spark's arguments, environment (also variables whose names a shell would drop) and
+    path."""
+    env = _env(str(tmp_path / "warm.sock"), **{"MY.VAR": "1", "my-var": "2"})  # no shell's
     (tmp_path / "shown.py").write_text(_SHOW)
     for command in (["-c", _SHOW, "an argument"], ["-m", "shown", "an argument"]):
         shown = [
@@ -774,12 +771,10 @@ def test_the_launcher_becomes_the_process_spark_would_have_started(tmp_path: Pat
             ).stdout
             for python in (sys.executable, launcher(sys.executable))
         ]
-        (argv, environment, path), launched = (json.loads(s) for s in shown)
+        argv, environment, _ = json.loads(shown[0])
         assert argv[1:] == ["an argument"]
         assert environment[SOCKET_ENV] == env[SOCKET_ENV]  # not handed over: left as it was
-        assert launched[1].pop("PWD") == str(tmp_path)  # set by the launcher's shell
-        environment.pop("PWD", None)
-        assert launched == [argv, environment, path]
+        assert shown[1] == shown[0]
 
 
 class _Context:
@@ -817,7 +812,11 @@ def test_sources_registered_with_a_local_session_start_their_processes_by_the_la
         return
     assert during == launcher(sys.executable) != sys.executable
     assert os.access(during, os.X_OK)
-    assert shlex.quote(sys.executable) in Path(during).read_text()
+    assert Path(during).read_text().startswith(f"#!{shutil.which(sys.executable)} -E\n")
+    spark.sparkContext.pythonExec = during  # registered again while it is the launcher
+    with registering(spark):
+        assert spark.sparkContext.pythonExec == during  # not a launcher of the launcher
+    assert spark.sparkContext.pythonExec == during
 
 
 _LAUNCHING_DRIVER = """
@@ -826,66 +825,82 @@ from splitflow.spark.warmstart import launcher
 print(launcher(sys.executable), flush=True)
 if sys.argv[1] == "killed":
     os._exit(0)  # no atexit: as a driver killed
+if sys.argv[1] == "alive":
+    sys.stdin.read()  # until the test closes it
 """
 
 
-def test_the_launcher_s_directory_goes_with_its_driver(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Removed when the driver exits, or by the next driver that starts a warm process after
-    one that was killed."""
+def test_the_launcher_s_directory_goes_with_its_driver(tmp_path: Path) -> None:
+    """Removed when the driver exits; left while it lives, whatever its pid means to another
+    driver (one in another pid namespace sharing the temporary directory); removed by
+    another driver once it is gone (killed, say) and was made a while before."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    written = {}
-    for way in ("exits", "killed"):
+
+    def driver(way: str) -> Path:
         done = subprocess.run(
             [sys.executable, "-c", _LAUNCHING_DRIVER, way],
             env=env,
             capture_output=True,
             text=True,
             check=True,
+            timeout=120,
         )
-        written[way] = Path(done.stdout.strip())
-    assert not written["exits"].exists()
-    assert written["killed"].exists()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    made = _private_directory(None)
-    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(made)]
+        return Path(done.stdout.strip())
+
+    alive = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHING_DRIVER, "alive"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert alive.stdout is not None
+    living = Path(alive.stdout.readline().strip()).parent
+    killed = driver("killed").parent
+    assert not driver("exits").parent.exists()
+    assert killed.exists()  # gone a moment ago: left, as one just made is
+    long_ago = time.time() - 3600
+    for made in (living, killed):
+        os.utime(made, (long_ago, long_ago))
+    assert not driver("exits").parent.exists()
+    assert not killed.exists()
+    assert living.exists()  # its driver holds its lock
+    alive.communicate("", timeout=60)
+    assert not living.exists()
 
 
-@pytest.mark.parametrize("why", ["no directory", "noexec"])
-def test_a_launcher_that_cannot_be_written_or_run_leaves_python_as_it_is(
+@pytest.mark.parametrize("why", ["no directory", "cannot run", "no interpreter"])
+def test_without_a_launcher_that_runs_python_is_left_as_it_is(
     why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Without a writable temporary directory, or with one on a file system mounted noexec
-    (where Spark could not start the script), Spark starts Python as before: said once."""
+    """Without a writable temporary directory, with a launcher that does not run (a
+    temporary directory mounted noexec, say: here an interpreter that fails), or with a
+    Python whose path cannot be a script's interpreter, Spark starts Python as before:
+    said once."""
     monkeypatch.setattr(warmstart, "_LAUNCHERS", {})
     monkeypatch.setattr(
         warmstart, "_launch_directory", functools.cache(_launch_directory.__wrapped__)
     )
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    python = sys.executable
     if why == "no directory":
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-there"))
         said = str(tmp_path / "not-there")
+    elif why == "cannot run":
+        python = str(tmp_path / "python")
+        Path(python).write_text("#!/bin/sh\necho 'not this one' >&2\nexit 3\n")
+        os.chmod(python, 0o700)
+        said = "did not run: not this one"
     else:
-        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-        statvfs = os.statvfs
-        monkeypatch.setattr(
-            os, "statvfs", lambda p: _Mounted(statvfs(p), statvfs(p).f_flag | os.ST_NOEXEC)
-        )
-        said = "mounted noexec"
-    assert launcher(sys.executable) == sys.executable
-    assert launcher(sys.executable) == sys.executable
+        python = "no-such-python"
+        said = "'no-such-python' cannot be a script's interpreter"
+    assert launcher(python) == python
+    assert launcher(python) == python
     warnings = [r.getMessage() for r in caplog.records if "as Spark starts them" in r.getMessage()]
     assert len(warnings) == 1  # once: the answer is kept
     assert "splitflow: Python processes start as Spark starts them: " in warnings[0]
     assert said in warnings[0]
-
-
-class _Mounted:
-    """``os.statvfs``'s answer with other mount flags."""
-
-    def __init__(self, found: os.statvfs_result, flags: int) -> None:
-        self.f_flag = flags
-        self.found = found
+    assert not list(tmp_path.glob("splitflow-launch-*/python-*"))
 
 
 def test_a_zip_archive_on_a_forked_process_s_path_is_read_again_only_once_it_changed(
@@ -1011,7 +1026,8 @@ def test_a_query_s_runner_and_its_tasks_daemon_are_the_warm_process_s_children(
         stand_ins = [cmdline(p) for p in jvm.children() if RUNNER in cmdline(p)]
         assert stand_ins, _tree(spark)
         for command in stand_ins:  # started by the launcher (a local session's sources)
-            assert command[1] == str(Path(SITE_DIR, "sitecustomize.py")), command
+            assert command[1] == "-E", command
+            assert command[2] in warmstart._LAUNCHERS.values(), command
         workers = [w.pid for d in daemons for w in psutil.Process(d).children()]
         assert workers, f"no daemon of the warm process forked the tasks' workers: {_tree(spark)}"
     finally:

@@ -476,9 +476,12 @@ class AssigningSplitEnumerator(SplitEnumerator[SplitT, AssignerState[SplitT]]):
         added again only once its split finished or was removed.
         Called by: the coordinator thread.
         """
-        held = sorted({s.split_id for s in splits} & self._owner.keys())
+        owner, awaiting = self._owner, self._awaiting  # awaiting: held, as restored
+        held = sorted({s.split_id for s in splits if s.split_id in owner or s.split_id in awaiting})
         if held:
-            owners = ", ".join(f"{sid} (reader {self._owner[sid]})" for sid in held[:10])
+            owners = ", ".join(
+                f"{sid} (reader {owner.get(sid, awaiting.get(sid))})" for sid in held[:10]
+            )
             raise SplitOwnershipError(
                 f"the enumerator added {len(held)} split(s) that a reader holds: {owners}; "
                 "a split id can be added again only once its split finished or was removed",

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import fcntl
 import functools
 import logging
 import marshal
 import os
 import select
-import shlex
 import shutil
 import signal
 import socket
@@ -55,6 +55,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import zipimport
@@ -63,7 +64,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
-from splitflow.spark._warmsite.sitecustomize import HANDED, PATH_ENV, PID_FILE, SOCKET_ENV, alive
+from splitflow.spark._warmsite.sitecustomize import HANDED, PID_FILE, SOCKET_ENV, alive
 
 log = logging.getLogger("splitflow.spark")
 
@@ -275,17 +276,18 @@ def registering(spark: Any) -> Iterator[None]:
     if warm is None:
         yield
         return
-    before = dict(sc.environment)
-    python = sc.pythonExec
-    sc.environment.update(_variables(warm, before))
-    if sc.master.startswith("local"):  # every process it starts is on this machine
-        sc.pythonExec = launcher(python)
-    try:
-        yield
-    finally:
-        sc.environment.clear()
-        sc.environment.update(before)
-        sc.pythonExec = python
+    with _REGISTERING:  # one block at a time: each restores what it found
+        before = dict(sc.environment)
+        python = sc.pythonExec
+        sc.environment.update(_variables(warm, before))
+        if sc.master.startswith("local"):  # every process it starts is on this machine
+            sc.pythonExec = launcher(_LAUNCHED.get(python, python), sc.environment)
+        try:
+            yield
+        finally:
+            sc.environment.clear()
+            sc.environment.update(before)
+            sc.pythonExec = python
 
 
 @contextmanager
@@ -314,63 +316,132 @@ def starting_spark(detached: bool = False) -> Iterator[None]:
                 os.environ[name] = value
 
 
-_LAUNCHER = """#!/bin/sh
-# splitflow's launcher of {python} for Spark (splitflow.spark.warmstart.launcher)
-export {path_env}="${{PYTHONPATH-}}"
-unset PYTHONPATH
-exec {python} {script} {python} "$@"
+_LAUNCHER = """#!{interpreter} -E
+# splitflow's launcher of {python!r} for Spark (splitflow.spark.warmstart.launcher)
+import sys
+with open({script!r}) as file:
+    code = compile(file.read(), {script!r}, "exec")
+stand_in = {{"__name__": "splitflow_stand_in"}}
+exec(code, stand_in)
+stand_in["launch"]({python!r}, sys.argv[1:])
 """
+_LAUNCH_PREFIX = "splitflow-launch-"
+"""Of the launchers' directories, in the temporary directory."""
+_LOCK = "lock"
+"""A launchers' directory's lock file: locked by its driver as long as it lives."""
+_LOCKED_WITHIN = 60.0
+"""Seconds within which a launchers' directory just made is locked (left alone till then)."""
 _LAUNCHERS: dict[str, str] = {}
 """What Spark starts for each Python (by ``pythonExec``): its launcher, or the Python itself
-when none could be written."""
+when it has none."""
+_LAUNCHED: dict[str, str] = {}
+"""The Python of each launcher."""
+_REGISTERING = threading.RLock()
+_HELD: list[int] = []
+"""The lock this driver holds on its launchers' directory (a file descriptor)."""
 
 
-def launcher(python: str) -> str:
+def launcher(python: str, environment: Mapping[str, str] | None = None) -> str:
     """An executable Spark can start instead of ``python`` (a data source's ``pythonExec``)
     that hands a streaming source runner or worker daemon over to the warm process without
     what every Python process Spark starts spends first: reading the directories of the
     archives Spark puts ahead of the standard library on its ``PYTHONPATH`` (``pyspark.zip``,
     py4j's, the 16 MB jar Spark runs from), about 30 ms of CPU before a ``sitecustomize``
-    could run. A shell script: it starts ``python`` without that ``PYTHONPATH`` on the
-    stand-in (:func:`~splitflow.spark._warmsite.sitecustomize.launch`), which asks the warm
-    process for what ``python`` started by Spark would have run, or becomes that process
-    (the shell sets ``PWD`` to the working directory). Written once per driver process and
-    Python, in a private directory that lives as long as the driver (and is removed by the
-    next driver's warm start after one killed); ``python`` itself when it cannot be
-    written. Only a local session's sources use it (:func:`registering`): a cluster's
+    could run.
+
+    A script for ``python -E`` (which ignores ``PYTHONPATH``): the kernel starts it, with
+    Spark's arguments and environment as they are, on the stand-in
+    (:func:`~splitflow.spark._warmsite.sitecustomize.launch`), which asks the warm process
+    for what ``python`` started by Spark would have run, or becomes that process. Written
+    once per driver process and Python, in a private directory that lives as long as the
+    driver (another driver removes it once it is gone), and tried once, with the variables
+    ``environment`` adds (Spark's for the sources). ``python`` itself when it cannot be
+    written or run there (a temporary directory mounted ``noexec``, a Python that needs
+    ``PYTHONHOME``), or when its path cannot be a script's interpreter (not found, or with
+    white space). Only a local session's sources use it (:func:`registering`): a cluster's
     executors elsewhere would not find it."""
-    found = _LAUNCHERS.get(python)
-    if found is not None:
+    with _REGISTERING:
+        found = _LAUNCHERS.get(python)
+        if found is None:
+            found = _LAUNCHERS[python] = _launcher(python, environment or {})
+            _LAUNCHED[found] = python
         return found
-    found = python
+
+
+def _launcher(python: str, environment: Mapping[str, str]) -> str:
+    interpreter = shutil.which(python) or ""
+    if (
+        not os.path.isabs(interpreter)
+        or len(interpreter) > 200
+        or interpreter.split() != [interpreter]
+    ):
+        log.warning(
+            "splitflow: Python processes start as Spark starts them: %r cannot be a "
+            "script's interpreter",
+            python,
+        )
+        return python
     try:
         path = os.path.join(_launch_directory(), f"python-{len(_LAUNCHERS)}")
-        text = _LAUNCHER.format(
-            python=shlex.quote(python),
-            path_env=PATH_ENV,
-            script=shlex.quote(os.path.join(SITE_DIR, "sitecustomize.py")),
-        )
+        script = os.path.join(SITE_DIR, "sitecustomize.py")
+        text = _LAUNCHER.format(interpreter=interpreter, python=python, script=script)
         with open(path + ".new", "w") as file:
             file.write(text)
         os.chmod(path + ".new", 0o700)
         os.rename(path + ".new", path)
-        found = path
-    except OSError as exc:
+        env = {k: v for k, v in {**os.environ, **environment}.items() if k != SOCKET_ENV}
+        tried = subprocess.run(
+            [path, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60
+        )
+        if tried.returncode != 0:
+            os.unlink(path)
+            said = tried.stderr.strip()[-2000:] or f"exit code {tried.returncode}"
+            raise OSError(f"{path} did not run: {said}")
+    except (OSError, subprocess.SubprocessError) as exc:
         log.warning("splitflow: Python processes start as Spark starts them: %s", exc)
-    _LAUNCHERS[python] = found
-    return found
+        return python
+    return path
 
 
 @functools.cache
 def _launch_directory() -> str:
-    """This driver's directory of launchers: made on first use, removed when the driver
-    exits (or after it, by :func:`_remove_left_behind`, which finds its pid file)."""
-    directory = tempfile.mkdtemp(prefix=_PREFIX + "launch-")
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    Path(directory, PID_FILE).write_text(str(os.getpid()))
-    if os.statvfs(directory).f_flag & os.ST_NOEXEC:
-        raise OSError(f"{directory} is on a file system mounted noexec")
+    """This driver's directory of launchers, made on first use: locked (:data:`_LOCK`) as
+    long as the driver lives, removed when it exits, or by another driver once it is gone
+    (killed, say). Those of other drivers that are gone are removed now."""
+    with suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            if entry.name.startswith(_LAUNCH_PREFIX):
+                with suppress(OSError):
+                    _remove_if_gone(entry)
+    directory = tempfile.mkdtemp(prefix=_LAUNCH_PREFIX)
+    fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _HELD.append(fd)
+    atexit.register(_remove_launchers, directory, os.getpid())
     return directory
+
+
+def _remove_if_gone(entry: os.DirEntry[str]) -> None:
+    """Remove another driver's launchers' directory ``entry`` if that driver is gone (its
+    lock is free), and it is not one just made (locked a moment after)."""
+    found = entry.stat(follow_symlinks=False)
+    if (
+        not stat.S_ISDIR(found.st_mode)
+        or found.st_uid != os.getuid()
+        or time.time() - found.st_mtime < _LOCKED_WITHIN
+    ):
+        return
+    fd = os.open(os.path.join(entry.path, _LOCK), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its driver lives
+        shutil.rmtree(entry.path, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _remove_launchers(directory: str, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child exiting
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _variables(warm: WarmStart, environment: Mapping[str, str]) -> dict[str, str]:

@@ -4,8 +4,8 @@ worker daemon is handed to the driver's warm process (:mod:`splitflow.spark.warm
 which forks it with pyspark, pandas, pyarrow and splitflow already imported; this process
 stands in for it until it exits. Any other process, or one that cannot be handed over, goes
 on as usual, after the environment's own ``sitecustomize`` (the next one on ``sys.path``).
-Run as a script, it is the stand-in the launcher of a local session's sources starts
-(:func:`launch`), before Python reads any of the archives Spark puts on the path.
+The launcher of a local session's sources runs :func:`launch` instead, in a Python that
+ignores ``PYTHONPATH``: before it reads any of the archives Spark puts there.
 
 Standard library only, imported on use: every such process pays for this module.
 """
@@ -24,9 +24,6 @@ HANDED = {RUNNER: "the streaming source runner", DAEMON: "the Python worker daem
 """The modules handed to the warm process (``python -m MODULE ...``), and what they are."""
 SOCKET_ENV = "SPLITFLOW_WARM_RUNNER_SOCKET"
 """The warm process's socket (set by ``splitflow.spark.register``)."""
-PATH_ENV = "SPLITFLOW_PYTHONPATH"
-"""The ``PYTHONPATH`` Spark gave a process it started through the launcher, which starts
-this module with none."""
 PID_FILE = "pid"
 """The warm process's pid, in its socket's directory (written by the driver that starts it)."""
 PASSED_ON = (15, 2, 1)
@@ -194,24 +191,34 @@ def launch(python: str, argv: list[str]) -> None:
     ``pythonExec``; see :func:`splitflow.spark.warmstart.launcher`) with ``argv``: hand
     ``-m MODULE ARGS`` over to the warm process as :func:`hand_over` does, or, when it is not
     a module to hand over or nothing was handed over, become ``python argv``, the process
-    Spark would have started. This process started with no ``PYTHONPATH`` (the launcher kept
-    it in :data:`PATH_ENV`): none of the archives Spark puts on it, whose directories every
-    Python process Spark starts reads first (about 30 ms of CPU, in ``zipimport``)."""
-    kept = os.environ.pop(PATH_ENV, "")
-    if kept:
-        os.environ["PYTHONPATH"] = kept
+    Spark would have started. This process's Python ignores ``PYTHONPATH`` (``-E``): it
+    reads none of the archives Spark puts on it, whose directories every Python process
+    Spark starts reads first (about 30 ms of CPU, in ``zipimport``)."""
     warm = os.environ.get(SOCKET_ENV)
     if warm and len(argv) > 1 and argv[0] == "-m" and argv[1] in HANDED:
-        # The path Python gives `python -m` with that PYTHONPATH: the working directory, the
-        # PYTHONPATH's entries made absolute, then the rest, each once (as `site` leaves it).
-        entries = [os.path.abspath(p) for p in kept.split(os.pathsep)] if kept else []
-        rest = sys.path if sys.flags.safe_path else sys.path[1:]  # not this script's directory
-        path = [os.getcwd(), *dict.fromkeys([*entries, *rest])]
-        code = hand_over(warm, argv[1], argv[2:], path)
+        code = None
+        try:
+            code = hand_over(warm, argv[1], argv[2:], _path_of_m())
+        except Exception as exc:
+            print(f"splitflow: {HANDED[argv[1]]} starts cold: {exc!r}", file=sys.stderr)
         if code is not None:
             os._exit(code)
         del os.environ[SOCKET_ENV]  # tried: the process this one becomes does not again
     os.execvp(python, [python, *argv])
+
+
+def _path_of_m() -> list[str]:
+    """The ``sys.path`` Python gives ``python -m`` in this environment: the working
+    directory, the ``PYTHONPATH``'s entries made absolute, then the interpreter's own (as
+    here, less this script's directory), each once (as ``site`` leaves it)."""
+    given = os.environ.get("PYTHONPATH")
+    entries = [os.path.abspath(p) for p in given.split(os.pathsep)] if given else []
+    rest = sys.path[1:]
+    if os.environ.get("PYTHONNOUSERSITE"):  # which -E ignored
+        import site
+
+        rest = [p for p in rest if p != site.USER_SITE]
+    return [os.getcwd(), *dict.fromkeys([*entries, *rest])]
 
 
 if __name__ == "sitecustomize":  # not when imported as splitflow.spark._warmsite.sitecustomize
@@ -223,5 +230,3 @@ if __name__ == "sitecustomize":  # not when imported as splitflow.spark._warmsit
         if _code is not None:
             os._exit(_code)
     _next_sitecustomize()
-elif __name__ == "__main__":  # the launcher: PYTHON sitecustomize.py PYTHON ARGS...
-    launch(sys.argv[1], sys.argv[2:])
