@@ -177,13 +177,12 @@ def _next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-def _module() -> tuple[str, list[str]] | None:
-    """The module this process runs and its arguments, when it is one to hand over (Spark
-    starts them as ``PYTHON_EXEC -m MODULE ARGS...``)."""
-    argv = sys.orig_argv
-    if len(argv) < 3 or argv[1] != "-m" or argv[2] not in HANDED:
+def _module(argv: list[str]) -> tuple[str, list[str]] | None:
+    """The module Python's arguments ``argv`` run and its arguments, when it is one to hand
+    over (Spark starts them as ``PYTHON_EXEC -m MODULE ARGS...``)."""
+    if len(argv) < 2 or argv[0] != "-m" or argv[1] not in HANDED:
         return None
-    return argv[2], argv[3:]
+    return argv[1], argv[2:]
 
 
 def launch(python: str, argv: list[str]) -> None:
@@ -195,12 +194,13 @@ def launch(python: str, argv: list[str]) -> None:
     reads none of the archives Spark puts on it, whose directories every Python process
     Spark starts reads first (about 30 ms of CPU, in ``zipimport``)."""
     warm = os.environ.get(SOCKET_ENV)
-    if warm and len(argv) > 1 and argv[0] == "-m" and argv[1] in HANDED:
+    run = _module(argv) if warm else None
+    if warm and run is not None:
         code = None
         try:
-            code = hand_over(warm, argv[1], argv[2:], _path_of_m())
+            code = hand_over(warm, *run, _path_of_m())
         except Exception as exc:
-            print(f"splitflow: {HANDED[argv[1]]} starts cold: {exc!r}", file=sys.stderr)
+            print(f"splitflow: {HANDED[run[0]]} starts cold: {exc!r}", file=sys.stderr)
         if code is not None:
             os._exit(code)
         del os.environ[SOCKET_ENV]  # tried: the process this one becomes does not again
@@ -223,7 +223,7 @@ def _path_of_m() -> list[str]:
 
 if __name__ == "sitecustomize":  # not when imported as splitflow.spark._warmsite.sitecustomize
     _warm = os.environ.get(SOCKET_ENV)
-    _run = _module() if _warm else None
+    _run = _module(sys.orig_argv[1:]) if _warm else None
     if _warm and _run is not None:
         # What `python -m` gives the module: the working directory first on its path.
         _code = hand_over(_warm, *_run, [os.getcwd(), *sys.path])
